@@ -1,0 +1,16 @@
+#!/bin/sh
+# The example on the embedded default: agents on this machine, no ssh needed.
+# Runs in its own session directory and quits at the end, leaving nothing behind.
+set -eu
+GXP_SESSION=$(mktemp -d "${TMPDIR:-/tmp}/gxp-example.XXXXXX")/session
+export GXP_SESSION
+trap 'gxpc quit; rm -rf "$(dirname "$GXP_SESSION")"' EXIT
+gxpc explore --local 4              # four agents, bootstrapped over pipes
+gxpc stat                           # the tree
+gxpc e -H 'echo "node $GXP_NODE_ID of $GXP_NUM_EXECS on $(hostname)"'
+gxpc e -b 'python3 -c "import sys; print(sys.version.split()[0])"'
+gxpc e 'test $GXP_EXEC_IDX -lt 3' || true   # some nodes fail ...
+gxpc smask                          # ... select the ones that succeeded
+gxpc e -H 'echo still selected'
+gxpc rmask
+echo "example: done" >&2

@@ -1,0 +1,432 @@
+"""The agent: one node of the tree. It routes frames between its parent and
+children, starts children when the head asks (`spawn`), runs jobs (`exec`), and
+cleans up after itself on `quit` or when its parent goes away.
+
+The head's session daemon is a Node too (id "0"), so routing, jobs and child
+bootstrap are written once. The head decides; agents execute and report.
+
+Shipped to agents: standard library only, Python 3.8 syntax.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from gxpstyle import bootstrap, channels, child_bootstrap, wire
+from gxpstyle.event_loop import EventLoop
+from gxpstyle.job_runner import JobRunner
+from gxpstyle.links import Link, frame_with_prefix
+
+QUIT_GRACE = 3.0
+
+
+def module_source(module: Any) -> str:
+    """Source of a shipped module, on the head (from its file) or on an agent (kept
+    in memory by the loader)."""
+    src = getattr(module, "__gxp_source__", None)
+    if src is None:
+        import inspect
+        src = inspect.getsource(module)
+    return src
+
+
+class Node:
+    def __init__(self, node_id: str, name: str, session: str, secret: bytes,
+                 opts: Dict[str, Any], payload: Tuple[bytes, bytes],
+                 loop: Optional[EventLoop] = None) -> None:
+        self.loop = loop or EventLoop()
+        self.id = node_id
+        self.name = name
+        self.session = session
+        self.secret = secret
+        self.opts = opts
+        self.payload = payload
+        self.parent: Optional[Link] = None
+        self.children: Dict[str, Link] = {}
+        self.starting: Dict[str, child_bootstrap.ChildStart] = {}
+        self.started: Dict[str, child_bootstrap.ChildStart] = {}
+        self.jobs = JobRunner(self.loop, self.id, self.send, self.backlog)
+        self.session_dir: Optional[str] = None
+        self.listener: Any = None   # link_auth.Listener, imported on first use (ssl is slow to import)
+        self.batch_waiting: Dict[str, child_bootstrap.ChildStart] = {}
+        self.batch_tokens: Dict[str, bytes] = {}
+        self.extra_channels: Dict[str, Callable[[child_bootstrap.ChildStart], None]] = {}
+        self.quitting = False
+        self.exit_code = 0
+
+    # -- sending and routing ---------------------------------------------
+    def backlog(self) -> int:
+        return self.parent.queued if self.parent is not None else 0
+
+    def send(self, dst: str, msg: Dict[str, Any]) -> None:
+        self.route_frame(dst, wire.encode_frame(dst, self.id, msg), None)
+
+    def route_frame(self, dst: str, frame: bytes, from_link: Optional[Link]) -> None:
+        where = wire.route(self.id, dst, self.children)
+        if where == "self":
+            _, src, body = wire.split_frame(frame[4:])
+            self.deliver(src, body, from_link)
+        elif where is None:
+            self.route_up(dst, frame)
+        elif where == "unroutable":
+            self.unroutable(dst, frame)
+        else:
+            self.children[where].send_frame(frame)
+
+    def route_up(self, dst: str, frame: bytes) -> None:
+        if self.parent is not None:
+            self.parent.send_frame(frame)
+
+    def unroutable(self, dst: str, frame: bytes) -> None:
+        """A frame for a descendant we have no link to (lost or never was)."""
+        try:
+            _, src, body = wire.split_frame(frame[4:])
+            msg = wire.decode_message(body)
+        except wire.FrameError:
+            return
+        if msg["op"] == "exec":
+            self.send(src, {"op": "exit", "job": msg["job"], "status": 255,
+                            "error": "node %s is not reachable" % dst})
+
+    def deliver(self, src: str, body: bytes, from_link: Optional[Link]) -> None:
+        try:
+            msg = wire.decode_message(body)
+        except wire.FrameError as e:
+            self.log("dropped a bad message from %s: %s" % (src, e))
+            return
+        handler = getattr(self, "op_" + msg["op"], None)
+        if handler is None:
+            self.log("no handler for %s from %s" % (msg["op"], src))
+            return
+        handler(src, msg, from_link)
+
+    def log(self, text: str, level: str = "info") -> None:
+        if self.id == wire.HEAD:
+            self.write_log(text)
+        elif self.parent is not None:
+            self.send(wire.HEAD, {"op": "log", "level": level, "text": "%s: %s" % (self.id, text)})
+
+    def write_log(self, text: str) -> None:
+        sys.stderr.write(text + "\n")
+
+    # -- links -------------------------------------------------------------
+    def on_parent_frame(self, link: Link, frame: bytes) -> None:
+        try:
+            dst, _, _ = wire.split_frame(frame)
+        except wire.FrameError as e:
+            link.close("protocol error: %s" % e)
+            return
+        self.route_frame(dst, frame_with_prefix(frame), link)
+
+    def on_parent_close(self, link: Link, why: str) -> None:
+        # Our parent is gone: nobody can ever talk to us again. Clean up and go.
+        self.parent = None
+        self.shutdown(send_bye=False)
+
+    def on_child_frame(self, link: Link, frame: bytes) -> None:
+        try:
+            dst, src, _ = wire.split_frame(frame)
+        except wire.FrameError as e:
+            link.close("protocol error: %s" % e)
+            return
+        # A child speaks only for its own subtree.
+        if not wire.is_descendant(src, link.peer):
+            link.close("frame with a foreign source %r" % src)
+            return
+        self.route_frame(dst, frame_with_prefix(frame), link)
+
+    def on_child_close(self, link: Link, why: str) -> None:
+        starting = getattr(link, "starting", None)
+        if starting is not None and not starting.finished:
+            starting.link_closed(why)
+            return
+        if self.children.get(link.peer) is link:
+            del self.children[link.peer]
+            if not self.quitting:
+                self.child_lost(link.peer, why)
+        cs = self.started.pop(link.peer, None)
+        if cs is not None:
+            cs.reap(0.5)
+
+    def child_lost(self, child: str, why: str) -> None:
+        self.send(wire.HEAD, {"op": "lost", "ids": [child], "reason": why})
+
+    def child_stderr(self, child: str, data: bytes) -> None:
+        for line in data.decode("utf-8", "replace").splitlines()[:20]:
+            if line.strip():
+                self.log("[%s stderr] %s" % (child, line[:500]))
+
+    def hello_for(self, child: str, target: str) -> Dict[str, Any]:
+        return {"op": "hello", "id": child, "name": target, "session": self.session,
+                "secret": self.secret, "opts": self.opts}
+
+    # -- ops -----------------------------------------------------------------
+    def op_ready(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        starting = getattr(link, "starting", None) if link is not None else None
+        if starting is not None and link.peer == src:
+            info = {k: msg[k] for k in ("hostname", "pid", "python", "user") if k in msg}
+            starting.ready(info)
+
+    def op_spawn(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        child = msg["child"]
+        spec = dict(msg["channel"])
+        spec["tag"] = "%s:%s" % (bootstrap.PROCESS_TAG, self.session)
+        channel = spec.get("name")
+        timeout = float(msg["timeout"])
+
+        def reply(ok: bool, reason: str, info: Optional[Dict[str, Any]] = None) -> None:
+            self.send(src, {"op": "spawned", "req": msg["req"], "child": child, "ok": ok,
+                            "reason": reason, "info": info or {}})
+
+        if not child.startswith(self.id + ".") or "." in child[len(self.id) + 1:]:
+            reply(False, "bad child id %s" % child)
+            return
+        if child in self.children or child in self.starting:
+            reply(False, "child id %s is in use" % child)
+            return
+        if self.quitting:
+            reply(False, "parent is quitting")
+            return
+
+        def done(cs: child_bootstrap.ChildStart, ok: bool, reason: str,
+                 new_link: Optional[Link], info: Dict[str, Any]) -> None:
+            self.starting.pop(child, None)
+            if ok and new_link is not None:
+                new_link.starting = None
+                self.children[child] = new_link
+                self.started[child] = cs
+            reply(ok, reason, info)
+
+        cs = child_bootstrap.ChildStart(self, child, msg["target"], channel, spec, timeout, done)
+        self.starting[child] = cs
+        try:
+            if channel in channels.PROCESS_CHANNELS:
+                cs.start_process(channels.process_argv(channel, msg["target"], spec))
+            elif channel in channels.BATCH_CHANNELS:
+                self.start_batch(cs)
+            elif channel in self.extra_channels:
+                self.extra_channels[channel](cs)
+            else:
+                cs._finish(False, "channel %s is not available on %s" % (channel, self.name))
+        except (channels.ChannelError, OSError) as e:
+            cs._finish(False, str(e))
+
+    def op_exec(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        self.jobs.start(src, msg)
+
+    def op_stdin(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        self.jobs.write_stdin(src, msg)
+
+    def op_kill(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        self.jobs.kill(src, msg["job"], msg["sig"])
+
+    def op_ping(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        self.send(src, {"op": "pong", "req": msg["req"], "id": self.id, "time": time.time()})
+
+    def op_quit(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        self.shutdown(send_bye=True)
+
+    def op_log(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        if self.id == wire.HEAD:
+            self.write_log(msg["text"])
+
+    # -- batch channels ------------------------------------------------------
+    def ensure_session_dir(self) -> str:
+        if self.session_dir is None:
+            base = os.environ.get("TMPDIR") or "/tmp"
+            if not os.path.isdir(base):
+                base = "/tmp"
+            import tempfile
+            self.session_dir = tempfile.mkdtemp(prefix="gxp-%s-" % self.session[:12], dir=base)
+        return self.session_dir
+
+    def ensure_listener(self) -> Any:
+        from gxpstyle import link_auth
+        if self.listener is None:
+            d = self.ensure_session_dir()
+            certfile = os.path.join(d, "cert.pem")
+            keyfile = os.path.join(d, "key.pem")
+            for path, text in ((certfile, self.opts["cert"]), (keyfile, self.opts["key"])):
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(text)
+
+            def on_link(label: str, rfd: int, wfd: int) -> None:
+                self.loop.call_soon_threadsafe(lambda: self.batch_connected(label, rfd, wfd))
+
+            def on_refused(addr: Any, why: str) -> None:
+                self.loop.call_soon_threadsafe(
+                    lambda: self.log("refused a connection from %s: %s" % (addr[0], why)))
+
+            self.listener = link_auth.Listener(self.batch_tokens.get, on_link, on_refused,
+                                               certfile, keyfile, self.opts["pin"])
+        return self.listener
+
+    def start_batch(self, cs: child_bootstrap.ChildStart) -> None:
+        from gxpstyle import link_auth
+        listener = self.ensure_listener()
+        d = self.ensure_session_dir()
+        token = os.urandom(32)
+        tag = cs.child.replace(".", "-")
+        script = os.path.join(d, "job-%s.py" % tag)
+        err = "/dev/null"
+        host = cs.spec.get("connect_host") or socket.gethostname()
+        text = channels.job_script(cs.channel, cs.spec, cs.child, host, listener.port, token,
+                                   self.opts["pin"], module_source(link_auth), err)
+        fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        self.batch_tokens[cs.child] = token
+        self.batch_waiting[cs.child] = cs
+        argv = channels.submit_argv(cs.channel, cs.spec, cs.child, script, err)
+
+        def cleanup() -> None:
+            self.batch_tokens.pop(cs.child, None)
+            self.batch_waiting.pop(cs.child, None)
+            try:
+                os.unlink(script)
+            except OSError:
+                pass
+            if cs.batch_job and cs.link is None:
+                self.run_async(channels.cancel_argv(cs.channel, cs.batch_job), lambda *a: None)
+
+        cs.kill_hook = cleanup
+
+        def submitted(rc: int, out: str, errtext: str) -> None:
+            if cs.finished:
+                if rc == 0:
+                    # Too late (timed out or quitting): cancel what we just submitted.
+                    try:
+                        job = channels.parse_job_id(cs.channel, out)
+                        self.run_async(channels.cancel_argv(cs.channel, job), lambda *a: None)
+                    except channels.ChannelError:
+                        pass
+                return
+            if rc != 0:
+                line = child_bootstrap.last_line(errtext.encode()) or "exit status %d" % rc
+                cs._finish(False, "%s failed: %s" % (argv[0], line))
+                return
+            try:
+                cs.batch_job = channels.parse_job_id(cs.channel, out)
+            except channels.ChannelError as e:
+                cs._finish(False, str(e))
+
+        self.run_async(argv, submitted)
+
+    def batch_connected(self, label: str, rfd: int, wfd: int) -> None:
+        cs = self.batch_waiting.pop(label, None)
+        self.batch_tokens.pop(label, None)
+        if cs is None or cs.finished:
+            os.close(rfd)
+            return
+        try:
+            os.unlink(os.path.join(self.ensure_session_dir(), "job-%s.py" % label.replace(".", "-")))
+        except OSError:
+            pass
+        cs.attach(rfd, wfd, None, need_marker=False)
+
+    def run_async(self, argv: list, done: Callable[[int, str, str], None]) -> None:
+        """Run a short command in a thread; `done(rc, stdout, stderr)` on the loop."""
+        def work() -> None:
+            try:
+                p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, timeout=60)
+                result = (p.returncode, p.stdout.decode("utf-8", "replace"),
+                          p.stderr.decode("utf-8", "replace"))
+            except (OSError, subprocess.TimeoutExpired) as e:
+                result = (127, "", "%s: %s" % (argv[0], getattr(e, "strerror", None) or e))
+            self.loop.call_soon_threadsafe(lambda: done(*result))
+        threading.Thread(target=work, daemon=True).start()
+
+    # -- shutdown --------------------------------------------------------------
+    def shutdown(self, send_bye: bool) -> None:
+        if self.quitting:
+            return
+        self.quitting = True
+        for child, link in list(self.children.items()):
+            link.send(child, self.id, {"op": "quit"})
+        for cs in list(self.starting.values()):
+            cs._finish(False, "quitting")
+        self.jobs.kill_all()
+        deadline = time.monotonic() + QUIT_GRACE
+
+        def wait_children() -> None:
+            if self.children and time.monotonic() < deadline:
+                self.loop.call_later(0.02, wait_children)
+                return
+            self.finish_shutdown(send_bye)
+
+        wait_children()
+
+    def finish_shutdown(self, send_bye: bool) -> None:
+        for link in list(self.children.values()):
+            link.close("quit")
+        for cs in list(self.started.values()):
+            cs.terminate()
+        for cs in list(self.started.values()):
+            cs.reap(1.0)
+        if self.listener is not None:
+            self.listener.close()
+        if self.session_dir is not None:
+            shutil.rmtree(self.session_dir, ignore_errors=True)
+        if send_bye and self.parent is not None:
+            self.send(wire.HEAD, {"op": "bye", "id": self.id})
+            self.parent.flush_blocking(2.0)
+        self.loop.stop()
+
+
+def _read_frame_blocking(fd: int, limit: int) -> bytes:
+    def exact(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = os.read(fd, n - len(buf))
+            if not chunk:
+                raise EOFError("parent closed before hello")
+            buf += chunk
+        return buf
+    n = int.from_bytes(exact(4), "big")
+    if n > limit:
+        raise wire.FrameError("hello too large")
+    return exact(n)
+
+
+def main(fds: Tuple[int, int], payload: Tuple[bytes, bytes]) -> None:
+    """Entry point of a shipped agent (called by the bootstrap loader)."""
+    rfd, wfd = os.dup(fds[0]), os.dup(fds[1])
+    # Move the protocol off fds 0/1 so that a stray print, or a library writing
+    # to stdout, can never corrupt the stream (execnet does the same).
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    if fds[0] not in (0, 1):
+        os.close(fds[0])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.set_blocking(rfd, True)
+    frame = _read_frame_blocking(rfd, wire.MAX_FRAME)
+    _, _, body = wire.split_frame(frame)
+    hello = wire.decode_message(body)
+    if hello["op"] != "hello":
+        raise SystemExit(96)
+    node = Node(hello["id"], hello["name"], hello["session"], hello["secret"],
+                hello["opts"], payload)
+    parent_id = hello["id"].rsplit(".", 1)[0]
+    node.parent = Link(node.loop, rfd, wfd, parent_id, node.on_parent_frame, node.on_parent_close)
+    signal.signal(signal.SIGTERM, lambda *a: node.loop.call_soon_threadsafe(
+        lambda: node.shutdown(send_bye=False)))
+    try:
+        import pwd
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        user = str(os.getuid())
+    node.send(parent_id, {"op": "ready", "id": node.id, "hostname": socket.gethostname(),
+                          "pid": os.getpid(), "python": sys.version.split()[0], "user": user})
+    node.loop.run()
+    os._exit(node.exit_code)

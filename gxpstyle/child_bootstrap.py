@@ -1,0 +1,239 @@
+"""Bringing up one child agent: run the channel, wait for the first stage's
+marker, ship the payload and the hello, wait for `ready`. Every way this can go
+wrong ends in one line of reason and no process left behind.
+
+Shipped to agents: standard library only, Python 3.8 syntax.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from typing import Any, Callable, Dict, Optional
+
+from gxpstyle import bootstrap, channels
+from gxpstyle.links import Link
+
+MAX_GARBAGE = 64 << 10     # what a login script may print before the marker
+STDERR_KEEP = 4096
+
+_EXIT_REASONS = {
+    97: "agent payload truncated in transit",
+    98: "agent payload over the size limit",
+    99: "agent payload failed its checksum",
+    126: "python not executable",
+    127: "python3 not found on the target",
+}
+
+
+def last_line(data: bytes) -> str:
+    for line in reversed(data.decode("utf-8", "replace").splitlines()):
+        line = line.strip()
+        if line and not line.startswith("Warning: Permanently added"):
+            return line[:300]
+    return ""
+
+
+class ChildStart:
+    """One bootstrap in progress. `done(ok, reason, link_or_None)` is called once."""
+
+    def __init__(self, node: Any, child: str, target: str, channel: str,
+                 spec: Dict[str, Any], timeout: float,
+                 done: Callable[["ChildStart", bool, str, Optional[Link]], None]) -> None:
+        self.node = node
+        self.loop = node.loop
+        self.child = child
+        self.target = target
+        self.channel = channel
+        self.spec = spec
+        self.timeout = timeout
+        self.done_cb = done
+        self.finished = False
+        self.proc: Optional[subprocess.Popen] = None
+        self.stdout_buf = b""
+        self.stderr_buf = b""
+        self.stderr_fd: Optional[int] = None
+        self.link: Optional[Link] = None
+        self.batch_job: Optional[str] = None
+        self.started = time.monotonic()
+        self.timer = self.loop.call_later(timeout, self._timed_out)
+        self.kill_hook: Optional[Callable[[], None]] = None
+
+    # -- process channels ------------------------------------------------
+    def start_process(self, argv: list) -> None:
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True,
+                                         close_fds=True)
+        except OSError as e:
+            self._finish(False, "cannot run %s: %s" % (argv[0], e.strerror))
+            return
+        self.attach(self.proc.stdout.fileno(), self.proc.stdin.fileno(), self.proc.stderr.fileno(),
+                    need_marker=True)
+
+    def attach(self, rfd: int, wfd: int, efd: Optional[int], need_marker: bool) -> None:
+        """Start the handshake on given fds (process pipes, a paramiko or TLS relay)."""
+        self.rfd, self.wfd = rfd, wfd
+        os.set_blocking(rfd, False)
+        if efd is not None:
+            self.stderr_fd = efd
+            os.set_blocking(efd, False)
+            self.loop.add_reader(efd, self._stderr_readable)
+        if need_marker:
+            self.loop.add_reader(rfd, self._stdout_readable)
+        else:
+            self._marker_seen(b"")
+
+    def _stderr_readable(self) -> None:
+        try:
+            data = os.read(self.stderr_fd, 65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.loop.forget(self.stderr_fd)
+            return
+        if self.link is not None and not self.finished:
+            pass
+        if self.finished:
+            # After bootstrap, the child's stderr is diagnostics for the session log.
+            self.node.child_stderr(self.child, data)
+        else:
+            self.stderr_buf = (self.stderr_buf + data)[-STDERR_KEEP:]
+
+    def _stdout_readable(self) -> None:
+        try:
+            data = os.read(self.rfd, 65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.loop.remove_reader(self.rfd)
+            self._failed_early()
+            return
+        self.stdout_buf += data
+        i = self.stdout_buf.find(bootstrap.MARKER)
+        if i >= 0:
+            self.loop.remove_reader(self.rfd)
+            rest = self.stdout_buf[i + len(bootstrap.MARKER):]
+            self.stdout_buf = b""
+            self._marker_seen(rest)
+        elif len(self.stdout_buf) > MAX_GARBAGE:
+            self._finish(False, "no agent marker within %d bytes of output" % MAX_GARBAGE)
+
+    def _marker_seen(self, rest: bytes) -> None:
+        self.link = Link(self.loop, self.rfd, self.wfd, self.child,
+                         self.node.on_child_frame, self.node.on_child_close)
+        self.link.starting = self
+        self.link.send_frame(bootstrap.payload_wire(self.node.payload))
+        self.link.send(self.child, self.node.id, self.node.hello_for(self.child, self.target))
+        self.link.feed_initial(rest)
+
+    def ready(self, info: Dict[str, Any]) -> None:
+        """The child said ready: the link is up."""
+        info = dict(info)
+        info["bootstrap_seconds"] = round(time.monotonic() - self.started, 3)
+        self._finish(True, "", info)
+
+    def link_closed(self, why: str) -> None:
+        if not self.finished:
+            self._failed_early()
+
+    def _failed_early(self) -> None:
+        if self.finished:
+            return
+        # Give the process a moment to exit so its status and stderr are complete.
+        deadline = time.monotonic() + 1.0
+        rc = None
+        if self.proc is not None:
+            while time.monotonic() < deadline:
+                rc = self.proc.poll()
+                if rc is not None:
+                    break
+                time.sleep(0.01)
+        if self.stderr_fd is not None:
+            try:
+                while True:
+                    data = os.read(self.stderr_fd, 65536)
+                    if not data:
+                        break
+                    self.stderr_buf = (self.stderr_buf + data)[-STDERR_KEEP:]
+            except OSError:
+                pass
+        reason = last_line(self.stderr_buf)
+        if not reason and rc is not None:
+            reason = _EXIT_REASONS.get(rc, "channel exited with status %d" % rc)
+        elif rc in (97, 98, 99):
+            reason = _EXIT_REASONS[rc]
+        self._finish(False, reason or "channel closed before the agent started")
+
+    def _timed_out(self) -> None:
+        if self.finished:
+            return
+        why = "no answer within %gs" % self.timeout
+        if self.batch_job:
+            why = "batch job %s did not connect back within %gs" % (self.batch_job, self.timeout)
+        tail = last_line(self.stderr_buf)
+        self._finish(False, why + (" (%s)" % tail if tail else ""))
+
+    def _finish(self, ok: bool, reason: str, info: Optional[Dict[str, Any]] = None) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self.loop.cancel(self.timer)
+        if not ok:
+            self.kill()
+        self.done_cb(self, ok, reason, self.link if ok else None, info or {})
+
+    def kill(self) -> None:
+        if self.link is not None and not self.link.closed:
+            self.link.on_close = lambda link, why: None
+            self.link.close("bootstrap failed")
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+            for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        if self.stderr_fd is not None:
+            self.loop.forget(self.stderr_fd)
+        if self.kill_hook is not None:
+            self.kill_hook()
+
+    def terminate(self) -> None:
+        """At quit: the child had its chance to exit; make sure its channel is gone."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def reap(self, wait: float) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def process_command(channel: str, target: str, spec: Dict[str, Any]) -> list:
+    return channels.process_argv(channel, target, spec)

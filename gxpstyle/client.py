@@ -1,0 +1,151 @@
+"""The library side of `gxpc`: find or start the session daemon, send requests,
+receive replies and streamed frames. The CLI is a client of this API only.
+"""
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+from gxpstyle import session, wire
+
+START_TIMEOUT = 30.0
+
+
+class ClientError(RuntimeError):
+    """No session, a refused connection, or a daemon that went away."""
+
+
+class Client:
+    def __init__(self, session_dir: Optional[str] = None) -> None:
+        self.session_dir = os.path.abspath(session_dir or session.default_session_dir())
+        self.sock: Optional[socket.socket] = None
+        self.reader = wire.FrameReader()
+        self.req = 0
+        self.backlog: list = []
+
+    # -- connection -------------------------------------------------------------
+    def connect(self, start: bool) -> bool:
+        """Connect to the daemon; start it first when `start`. False if none runs."""
+        if os.path.lexists(self.session_dir):
+            session.check_private_dir(self.session_dir)
+        path = session.socket_path(self.session_dir)
+        if self._try_connect(path):
+            return True
+        if not start:
+            return False
+        session.ensure_session_dir(self.session_dir)
+        self._start_daemon()
+        if not self._try_connect(path):
+            raise ClientError("session daemon started but its socket does not answer")
+        return True
+
+    def _try_connect(self, path: str) -> bool:
+        if not os.path.exists(path):
+            return False
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            s.close()
+            return False
+        except PermissionError:
+            s.close()
+            raise ClientError("%s: permission denied" % path)
+        self.sock = s
+        return True
+
+    def _start_daemon(self) -> None:
+        r, w = os.pipe()
+        log = os.path.join(self.session_dir, session.LOG_NAME)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gxpstyle.daemon", "--session", self.session_dir,
+             "--ready-fd", str(w)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(w,), start_new_session=True, close_fds=True)
+        os.close(w)
+        deadline = time.monotonic() + START_TIMEOUT
+        data = b""
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([r], [], [], 0.2)
+            if ready:
+                chunk = os.read(r, 16)
+                if not chunk:
+                    break
+                data += chunk
+                if b"ok" in data:
+                    break
+            elif proc.poll() is not None:
+                break
+        os.close(r)
+        if b"ok" not in data:
+            tail = ""
+            try:
+                with open(log) as f:
+                    lines = [l for l in f.read().splitlines() if l.strip()]
+                    tail = lines[-1] if lines else ""
+            except OSError:
+                pass
+            raise ClientError("session daemon did not start%s" % (": " + tail if tail else ""))
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    # -- frames -------------------------------------------------------------------
+    def send(self, dst: str, msg: Dict[str, Any]) -> None:
+        assert self.sock is not None
+        self.sock.sendall(wire.encode_frame(dst, "c", msg))
+
+    def request(self, cmd: str, args: Optional[Dict[str, Any]] = None) -> int:
+        self.req += 1
+        self.send(wire.HEAD, {"op": "request", "req": self.req, "cmd": cmd, "args": args or {}})
+        return self.req
+
+    def next_message(self, timeout: Optional[float] = None) -> Optional[Tuple[str, Dict[str, Any]]]:
+        """(src, message), or None on timeout. Raises ClientError when the daemon goes."""
+        assert self.sock is not None
+        while not self.backlog:
+            ready, _, _ = select.select([self.sock], [], [], timeout)
+            if not ready:
+                return None
+            try:
+                data = self.sock.recv(1 << 20)
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                raise ClientError("the session daemon closed the connection")
+            try:
+                for frame in self.reader.feed(data):
+                    _, src, body = wire.split_frame(frame)
+                    self.backlog.append((src, wire.decode_message(body)))
+            except wire.FrameError as e:
+                raise ClientError("bad frame from the daemon: %s" % e)
+        return self.backlog.pop(0)
+
+    def call(self, cmd: str, args: Optional[Dict[str, Any]] = None,
+             on_print: Any = None) -> Tuple[int, Dict[str, Any]]:
+        """Send a request and wait for its reply; `print` messages go to on_print."""
+        req = self.request(cmd, args)
+        while True:
+            item = self.next_message()
+            if item is None:
+                continue
+            _, msg = item
+            if msg["op"] == "print" and msg["req"] == req:
+                if on_print is not None:
+                    on_print(msg["stream"], msg["data"])
+            elif msg["op"] == "reply" and msg["req"] == req:
+                return msg["status"], msg["result"]
+
+    def messages(self, timeout: Optional[float] = None) -> Iterator[Tuple[str, Dict[str, Any]]]:
+        while True:
+            item = self.next_message(timeout)
+            if item is None:
+                return
+            yield item

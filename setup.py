@@ -1,0 +1,12 @@
+from setuptools import setup
+
+setup(
+    name="gxpstyle",
+    version="0.1.0",
+    description="Explore hosts without preinstall, merged FUSE mounts, and GNU make on the nodes",
+    packages=["gxpstyle", "sshfsmux", "make_backend"],
+    python_requires=">=3.8",
+    install_requires=["paramiko>=3.0", "PyYAML>=6.0", "mfusepy>=1.0"],
+    extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
+    entry_points={"console_scripts": ["gxpc = gxpstyle.cli:main"]},
+)

@@ -1,0 +1,118 @@
+"""The serializer and frame layer: round trips, limits, and hostile bytes."""
+import random
+import struct
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from gxpstyle import bootstrap, serializer, wire
+
+values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text() | st.binary(),
+    lambda children: st.lists(children, max_size=5)
+    | st.dictionaries(st.text(max_size=8), children, max_size=5),
+    max_leaves=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values)
+def test_serializer_round_trip(v):
+    assert serializer.loads(serializer.dumps(v)) == v
+
+
+def test_tuples_become_lists_and_big_ints_survive():
+    assert serializer.loads(serializer.dumps((1, 2))) == [1, 2]
+    big = 1 << 200
+    assert serializer.loads(serializer.dumps([big, -big])) == [big, -big]
+
+
+def test_serializer_refuses_objects():
+    with pytest.raises(TypeError):
+        serializer.dumps(object())
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"\x02N", b"\x01", b"\x01X", b"\x01s\x00\x00\x00\x05ab",
+    b"\x01l\xff\xff\xff\xff", b"\x01m\x7f\xff\xff\xffN", b"\x01NN",
+    b"\x01" + b"l\x00\x00\x00\x01" * 40 + b"N",
+])
+def test_serializer_rejects_malformed(data):
+    with pytest.raises(serializer.DecodeError):
+        serializer.loads(data)
+
+
+def test_frame_round_trip_and_routing_fields():
+    frame = wire.encode_frame("0.1.2", "0", {"op": "ping", "req": 7})
+    reader = wire.FrameReader()
+    # Fed one byte at a time: framing does not depend on read boundaries.
+    out = []
+    for i in range(len(frame)):
+        out += reader.feed(frame[i:i + 1])
+    assert len(out) == 1
+    dst, src, body = wire.split_frame(out[0])
+    assert (dst, src) == ("0.1.2", "0")
+    assert wire.decode_message(body) == {"op": "ping", "req": 7}
+
+
+def test_oversized_length_prefix_is_refused_before_buffering():
+    reader = wire.FrameReader()
+    with pytest.raises(wire.FrameError):
+        reader.feed(struct.pack("!I", 0xFFFFFFFF) + b"x" * 10)
+    assert reader.pending <= 14
+
+
+def test_encode_refuses_over_limit():
+    with pytest.raises(ValueError):
+        wire.encode_frame("0", "0", {"op": "out", "job": 1, "fd": 1, "data": b"x" * wire.MAX_FRAME})
+
+
+@pytest.mark.parametrize("msg", [
+    {"op": "nosuch"}, {"req": 1}, [], {"op": "ping"}, {"op": "ping", "req": "1"},
+    {"op": "exec", "job": 1, "cmd": "true", "cwd": 5, "env": {}, "stdin": False},
+    {"op": "kill", "job": True, "sig": 9},
+])
+def test_validate_rejects_bad_messages(msg):
+    with pytest.raises(wire.FrameError):
+        wire.validate(msg)
+
+
+def test_fuzz_random_frames_never_crash_the_parser():
+    """10,000 random and mutated frames: every one parses or raises FrameError."""
+    rng = random.Random(1234)
+    good = wire.encode_frame("0.1", "0", {"op": "exec", "job": 1, "cmd": "echo", "cwd": None,
+                                          "env": {"A": "b"}, "stdin": False})
+    for i in range(10000):
+        if i % 2:
+            data = bytearray(good)
+            for _ in range(rng.randint(1, 8)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        else:
+            data = bytearray(rng.getrandbits(8) for _ in range(rng.randint(0, 64)))
+        reader = wire.FrameReader()
+        try:
+            for frame in reader.feed(bytes(data)):
+                _, _, body = wire.split_frame(frame)
+                wire.decode_message(body)
+        except wire.FrameError:
+            pass
+        assert reader.pending <= wire.MAX_FRAME + 4
+
+
+def test_route_by_hierarchical_ids():
+    children = {"0.1": 1, "0.2": 2}
+    assert wire.route("0", "0", children) == "self"
+    assert wire.route("0", "0.1.4.2", children) == "0.1"
+    assert wire.route("0", "0.3", children) == "unroutable"
+    assert wire.route("0.1", "0", {}) is None
+    assert wire.route("0.1", "c5", {}) is None
+    # "0.10" is not under "0.1"
+    assert wire.route("0.1", "0.10", {}) is None
+    assert wire.is_descendant("0.1.2", "0.1") and not wire.is_descendant("0.10", "0.1")
+
+
+def test_agent_payload_stays_small():
+    """The whole agent crosses every link at bootstrap: keep it under budget
+    (mitogen's core is about 19 KiB compressed; ours must stay below 32 KiB)."""
+    digest, z = bootstrap.head_payload()
+    assert len(z) < 32 * 1024, "agent payload grew to %d bytes" % len(z)
+    assert len(bootstrap.stage1_argument()) < 1024
