@@ -408,7 +408,9 @@ def main(fds: Tuple[int, int], payload: Tuple[bytes, bytes]) -> None:
     os.close(devnull)
     if fds[0] not in (0, 1):
         os.close(fds[0])
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A handler, not SIG_IGN: an ignored signal stays ignored in every job we
+    # exec, and a job must die of the SIGINT that `gxpc e` forwards on Ctrl-C.
+    signal.signal(signal.SIGINT, lambda *a: None)
     os.set_blocking(rfd, True)
     frame = _read_frame_blocking(rfd, wire.MAX_FRAME)
     _, _, body = wire.split_frame(frame)

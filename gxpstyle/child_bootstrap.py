@@ -221,6 +221,10 @@ class ChildStart:
 
     def reap(self, wait: float) -> None:
         if self.proc is None:
+            # Not a process channel: close the paramiko connection, cancel the
+            # batch job if it is still there.
+            if self.kill_hook is not None:
+                self.kill_hook()
             return
         try:
             self.proc.wait(timeout=wait)

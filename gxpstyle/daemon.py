@@ -58,6 +58,9 @@ class Exploration:
     timeout: float = 20.0
     fanout: int = 8
     key: int = 0
+    # True while req_explore is still dispatching: a spawn on the head itself can
+    # fail synchronously, and must not end the exploration before the rest starts.
+    planning: bool = True
 
 
 class Head(Node):
@@ -267,7 +270,9 @@ class Head(Node):
             e = dict(env)
             e.update({"GXP_NODE_ID": nid, "GXP_EXEC_IDX": str(idx), "GXP_NUM_EXECS": str(len(nodes)),
                       "GXP_HOSTNAME": self.tree[nid].name})
-            cwd = args.get("cwd") if nid == wire.HEAD and args.get("cwd") else self.cwd
+            # `gxpc cd` wins; otherwise the head runs where the user is, and
+            # the other nodes in their home directory.
+            cwd = self.cwd or (args.get("cwd") if nid == wire.HEAD else None)
             msg = {"op": "exec", "job": job, "cmd": args["cmd"], "cwd": cwd, "env": e,
                    "stdin": bool(args.get("stdin"))}
             self.route_frame(nid, wire.encode_frame(nid, cid, msg), None)
@@ -315,10 +320,12 @@ class Head(Node):
         ex.key = self.req_seq
         self.explorations[ex.key] = ex
         for a in plan.assignments:
+            if not a.parent.startswith("id:"):
+                ex.waiting.setdefault(a.parent[2:], []).append(a)
+        for a in plan.assignments:
             if a.parent.startswith("id:"):
                 self._dispatch(ex, a, a.parent[3:])
-            else:
-                ex.waiting.setdefault(a.parent[2:], []).append(a)
+        ex.planning = False
         self._maybe_done(ex)
 
     def _live_children(self, nid: str) -> int:
@@ -367,7 +374,7 @@ class Head(Node):
             self._fail(ex, waiting.target, "not explored: its gateway %s failed" % target)
 
     def _maybe_done(self, ex: Exploration) -> None:
-        if ex.pending or ex.waiting:
+        if ex.planning or ex.pending or ex.waiting:
             return
         if self.explorations.pop(ex.key, None) is None:
             return
@@ -455,8 +462,9 @@ def serve(session_dir: str, ready_fd: Optional[int]) -> int:
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     os.close(devnull)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # Handlers rather than SIG_IGN, so that jobs on the head get default signals.
+    signal.signal(signal.SIGINT, lambda *a: None)
+    signal.signal(signal.SIGHUP, lambda *a: None)
     try:
         os.unlink(sock_path)
     except FileNotFoundError:

@@ -1,0 +1,169 @@
+"""Fixtures shared by the suite.
+
+The product runs as an ordinary user that the tests create (root is for the test
+bed only), from the installed venv (`scripts/install`), never from the checkout.
+Every session a test opens is quit at the end, and the test errors if any agent
+of that session is still alive afterwards.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import testbed  # noqa: E402
+
+from gxpstyle import session as gxsession  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IS_ROOT = os.getuid() == 0
+
+
+def venv_dir() -> str:
+    return os.environ.get("GXP_VENV", "/opt/gxpstyle/venv")
+
+
+def gxpc_path() -> str:
+    path = os.path.join(venv_dir(), "bin", "gxpc")
+    if not os.path.exists(path):
+        pytest.skip("gxpc is not installed in %s (run scripts/install)" % venv_dir())
+    return path
+
+
+class Gxp:
+    """Runs gxpc for one session, as one user."""
+
+    def __init__(self, bed: "testbed.TestBed | None", user: "str | None", session_dir: str) -> None:
+        self.bed = bed
+        self.user = user
+        self.session_dir = session_dir
+        self.tag = "gxp-agent:" + gxsession.session_name(session_dir)
+        self.gxpc = gxpc_path()
+
+    def argv(self, args) -> list:
+        return [self.gxpc, "--session", self.session_dir] + list(args)
+
+    def env(self, extra=None) -> dict:
+        env = {"PATH": os.path.join(venv_dir(), "bin") + ":/usr/local/bin:/usr/bin:/bin"}
+        env.update(extra or {})
+        return env
+
+    def run(self, *args, input=None, timeout=120, env=None, cwd=None) -> subprocess.CompletedProcess:
+        kw = dict(input=input, capture_output=True, text=True, timeout=timeout)
+        if self.user:
+            return self.bed.run_as(self.user, self.argv(args), env=self.env(env), cwd=cwd, **kw)
+        full = dict(os.environ)
+        full.update(self.env(env))
+        return subprocess.run(self.argv(args), env=full, cwd=cwd, **kw)
+
+    __call__ = run
+
+    def popen(self, *args, **kw) -> subprocess.Popen:
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+        kw.setdefault("text", True)
+        if self.user:
+            return self.bed.popen_as(self.user, self.argv(args), env=self.env(), **kw)
+        full = dict(os.environ)
+        full.update(self.env())
+        return subprocess.Popen(self.argv(args), env=full, **kw)
+
+    def ok(self, *args, **kw) -> subprocess.CompletedProcess:
+        r = self.run(*args, **kw)
+        assert r.returncode == 0, "gxpc %s failed (%d):\n%s%s" % (" ".join(args), r.returncode,
+                                                                  r.stdout, r.stderr)
+        return r
+
+    def agent_pids(self) -> list:
+        r = subprocess.run(["pgrep", "-f", self.tag], capture_output=True, text=True)
+        return [int(p) for p in r.stdout.split()]
+
+    def daemon_pids(self) -> list:
+        r = subprocess.run(["pgrep", "-f", "gxpstyle.daemon --session %s" % self.session_dir],
+                           capture_output=True, text=True)
+        return [int(p) for p in r.stdout.split()]
+
+    def stat_nodes(self) -> dict:
+        """{name: state} from `gxpc stat`."""
+        out = self.ok("stat").stdout.splitlines()[1:]
+        nodes = {}
+        for line in out:
+            parts = line.split()
+            name = parts[1]
+            state = "up" if " up pid=" in line else line.split("] ", 1)[1].split(":")[0].lower()
+            nodes[name] = state
+        return nodes
+
+
+def _finish(g: Gxp) -> None:
+    g.run("quit", timeout=60)
+    deadline = time.monotonic() + 10
+    while (g.agent_pids() or g.daemon_pids()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    leaked = g.agent_pids() + g.daemon_pids()
+    for pid in leaked:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(os.path.dirname(g.session_dir), ignore_errors=True)
+    if leaked:
+        pytest.fail("processes of session %s survived quit: %s" % (g.session_dir, leaked))
+
+
+@pytest.fixture(scope="session")
+def user_bed():
+    """A bed with no hosts, holding one ordinary user (root only)."""
+    if not IS_ROOT:
+        yield None
+        return
+    missing = testbed.requirements_missing()
+    if missing:
+        pytest.skip(missing)
+    bed = testbed.TestBed()
+    try:
+        bed.add_user("gxpu" + uuid.uuid4().hex[:6])
+        yield bed
+    finally:
+        bed.teardown()
+
+
+def _user_of(bed) -> "str | None":
+    return next(iter(bed.users)) if bed is not None else None
+
+
+@pytest.fixture
+def gxp(user_bed):
+    """A fresh session run as an ordinary user; quit and checked at the end."""
+    top = "/tmp/gxpt-" + uuid.uuid4().hex[:10]
+    g = Gxp(user_bed, _user_of(user_bed), os.path.join(top, "session"))
+    try:
+        yield g
+    finally:
+        _finish(g)
+
+
+@pytest.fixture
+def make_gxp(user_bed):
+    """Factory for more sessions in one test (all quit at the end)."""
+    made = []
+
+    def make(bed=None, user=None) -> Gxp:
+        top = "/tmp/gxpt-" + uuid.uuid4().hex[:10]
+        g = Gxp(bed or user_bed, user or _user_of(bed or user_bed), os.path.join(top, "session"))
+        made.append(g)
+        return g
+
+    try:
+        yield make
+    finally:
+        for g in made:
+            _finish(g)
