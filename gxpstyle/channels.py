@@ -60,8 +60,8 @@ def process_argv(channel: str, target: str, spec: Dict[str, Any]) -> List[str]:
     if channel == "sh":
         import shlex
         template = spec.get("template") or ""
-        if "{host}" not in template:
-            raise ChannelError("sh template must contain {host}: %r" % template)
+        if not template.strip():
+            raise ChannelError("sh channel needs a template")
         quoted_cmd = shlex.quote(cmd)
         line = template.replace("{host}", shlex.quote(target))
         line = line.replace("{cmd}", quoted_cmd) if "{cmd}" in template else line + " " + quoted_cmd

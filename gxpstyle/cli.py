@@ -82,6 +82,14 @@ def cmd_explore(c: Client, a: argparse.Namespace) -> int:
             args["targets"] = list(cfg.explore)
         fanout = fanout or cfg.fanout
         timeout = timeout or cfg.timeout
+        # Per-cluster settings travel per host; the head applies them when it
+        # plans (fan-out) and spawns (timeout, python), under any rule option.
+        settings = {}
+        for pat in args["targets"]:
+            for host in hostpattern.expand(pat):
+                if cfg.cluster_for(host) is not None:
+                    settings[host] = cfg.settings_for(host)
+        args["host_settings"] = settings
     if not args["targets"] and not args["local"]:
         raise UsageError("explore: name target hosts, --local N, or --config FILE with an explore list")
     for t in args["targets"]:

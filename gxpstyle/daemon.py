@@ -61,6 +61,7 @@ class Exploration:
     # True while req_explore is still dispatching: a spawn on the head itself can
     # fail synchronously, and must not end the exploration before the rest starts.
     planning: bool = True
+    host_settings: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
 
 class Head(Node):
@@ -298,7 +299,8 @@ class Head(Node):
                     local -= 1
                 i += 1
             rules.append(use_rules.make_rule("local", "*", "local*"))
-        ex = Exploration(cid, req, time.monotonic(), timeout=timeout, fanout=fanout)
+        ex = Exploration(cid, req, time.monotonic(), timeout=timeout, fanout=fanout,
+                         host_settings=dict(args.get("host_settings") or {}))
         live_names = {n.name: nid for nid, n in self.tree.items() if n.state == "up"}
         fresh = []
         for t in targets:
@@ -310,7 +312,8 @@ class Head(Node):
                 for nid, n in self.tree.items() if n.state == "up"]
 
         def fanout_for(target: str, rule: use_rules.UseRule) -> int:
-            return int(rule.options.get("fanout") or fanout)
+            return int(rule.options.get("fanout")
+                       or ex.host_settings.get(target, {}).get("fanout") or fanout)
 
         plan = spanning_tree.plan(live, fresh, rules, fanout_for)
         for target, why in plan.unreachable.items():
@@ -337,7 +340,10 @@ class Head(Node):
         info.next_child += 1
         spec = dict(a.rule.options)
         spec["name"] = a.rule.channel
-        timeout = float(spec.get("timeout") or ex.timeout)
+        cluster = ex.host_settings.get(a.target, {})
+        if cluster.get("python") and "python" not in spec:
+            spec["python"] = cluster["python"]
+        timeout = float(spec.get("timeout") or cluster.get("timeout") or ex.timeout)
         spec.setdefault("timeout", timeout)
         self.req_seq += 1
         ex.pending[self.req_seq] = (a, child)

@@ -176,3 +176,55 @@ def test_session_dir_open_to_others_is_refused(gxp, user_bed):
         user_bed.run_as(gxp.user, ["chmod", "0700", gxp.session_dir], check=True)
     else:
         os.chmod(gxp.session_dir, 0o700)
+
+
+def test_hung_login_times_out_with_reason(gxp):
+    gxp.ok("use", "sh", "head", "hang1", "--template", "sleep 60; sh -c {cmd}")
+    t0 = time.monotonic()
+    r = gxp.run("explore", "hang1", "--timeout", "2")
+    assert r.returncode == 1 and time.monotonic() - t0 < 10
+    assert r.stderr == "gxpc: explore: hang1: no answer within 2s\n"
+    assert gxp.stat_nodes() == {"head": "up"}
+
+
+@pytest.fixture
+def shared_tmp():
+    """A directory the test's ordinary user can read (pytest's tmp_path is root's)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+    d = tempfile.mkdtemp(prefix="gxpcfg-", dir="/var/tmp")
+    os.chmod(d, 0o755)
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_explore_from_cluster_yaml(gxp, shared_tmp):
+    tmp_path = shared_tmp
+    cfg = tmp_path / "clusters.yaml"
+    cfg.write_text(
+        "fanout: 2\n"
+        "use:\n"
+        "  - {channel: local, from: head, to: 'n[[1-5]]'}\n"
+        "  - {channel: local, from: 'n*', to: 'n[[1-5]]'}\n"
+        "  - {channel: sh, from: head, to: slow1, template: 'sleep 30; sh -c {cmd}'}\n"
+        "clusters:\n"
+        "  slow:\n"
+        "    hosts: slow1\n"
+        "    timeout: 1\n"
+        "explore: ['n[[1-5]]', slow1]\n")
+    os.chmod(cfg, 0o644)
+    r = gxp.run("explore", "--config", str(cfg))
+    # The per-cluster timeout (1 s) applied to slow1, not the default 20 s.
+    assert r.returncode == 1 and r.stderr == "gxpc: explore: slow1: no answer within 1s\n"
+    out = gxp.ok("stat").stdout
+    assert out.splitlines()[0] == "6 nodes up, 0 lost"
+    # fanout 2 from the file: nobody has more than two children.
+    ids = [l.split()[0] for l in out.splitlines()[1:]]
+    for nid in ids:
+        assert sum(1 for c in ids if c.rsplit(".", 1)[0] == nid and c != nid) <= 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("use:\n  - {channel: ssh, from: head, to: 'x[[3-1]]'}\n")
+    os.chmod(bad, 0o644)
+    r = gxp.run("explore", "--config", str(bad))
+    assert r.returncode == 2 and r.stderr.startswith("gxpc: %s:2: " % bad)
