@@ -31,7 +31,14 @@ class Client:
     # -- connection -------------------------------------------------------------
     def connect(self, start: bool) -> bool:
         """Connect to the daemon; start it first when `start`. False if none runs."""
-        if os.path.lexists(self.session_dir):
+        try:
+            os.lstat(self.session_dir)
+            exists = True
+        except FileNotFoundError:
+            exists = False
+        except PermissionError:
+            raise session.SessionError("%s: permission denied (not your session)" % self.session_dir)
+        if exists:
             session.check_private_dir(self.session_dir)
         path = session.socket_path(self.session_dir)
         if self._try_connect(path):

@@ -216,7 +216,9 @@ class Listener(object):
     call on_refused(peer_address, reason) for a one-line log, nothing more."""
 
     def __init__(self, lookup_key, on_link, on_refused, certfile, keyfile, pin,
-                 host="0.0.0.0", port=0, max_handshakes=MAX_HANDSHAKES):
+                 host="0.0.0.0", port=0, max_handshakes=MAX_HANDSHAKES,
+                 handshake_seconds=HANDSHAKE_SECONDS):
+        self.handshake_seconds = handshake_seconds
         self.lookup_key = lookup_key
         self.on_link = on_link
         self.on_refused = on_refused
@@ -250,7 +252,7 @@ class Listener(object):
         try:
             try:
                 label, tls = server_handshake(conn, self.lookup_key, self.certfile,
-                                              self.keyfile, self.pin)
+                                              self.keyfile, self.pin, self.handshake_seconds)
             except (AuthError, OSError, ValueError) as e:
                 try:
                     conn.close()
