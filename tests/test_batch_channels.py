@@ -2,6 +2,10 @@
 (Debian's Torque wrappers give `qsub`), connecting back to their parent over an
 authenticated TLS link."""
 import os
+import random
+import socket
+import subprocess
+import threading
 import time
 
 import pytest
@@ -69,3 +73,65 @@ def test_batch_job_that_never_starts_is_reported_and_cancelled(slurm, gxp):
     while user_jobs(slurm, gxp.user) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert user_jobs(slurm, gxp.user) == []
+
+
+def _listen_ports(pid):
+    r = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True)
+    ports = []
+    for line in r.stdout.splitlines():
+        if "pid=%d," % pid in line:
+            ports.append(int(line.split()[3].rsplit(":", 1)[1]))
+    return ports
+
+
+def _rss_kib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_connect_back_listener_survives_hostile_peers(slurm, gxp):
+    """The session's real TCP listener: no key, a wrong key and 10,000 random
+    handshakes are all refused while `gxpc e true` keeps working."""
+    env = {"SLURM_CONF": slurm.conf_path}
+    gxp.ok("use", "slurm", "head", "job1", "--python", "/usr/bin/python3",
+           "--connect-host", "127.0.0.1", env=env)
+    gxp.ok("explore", "job1", "--timeout", "40", env=env)
+    daemon = gxp.daemon_pids()[0]
+    ports = _listen_ports(daemon)
+    assert len(ports) == 1
+    port = ports[0]
+    rss0 = _rss_kib(daemon)
+    from test_link_auth import send_and_drain
+    from gxpstyle import link_auth
+    # A wrong key for the label of the child that already connected.
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    with pytest.raises((link_auth.AuthError, OSError)):
+        link_auth.client_handshake(s, "0.1", os.urandom(32), "0" * 64)
+    assert send_and_drain(port, b"") == b""
+
+    def attack(seed, n):
+        r = random.Random(seed)
+        for _ in range(n):
+            data = bytes(r.getrandbits(8) for _ in range(r.randrange(1, 120)))
+            if r.random() < 0.5:
+                data = b"GXA1\x030.1" + data
+            assert len(send_and_drain(port, data)) in (0, 32)
+
+    threads = [threading.Thread(target=attack, args=(i, 2500)) for i in range(4)]
+    for t in threads:
+        t.start()
+    runs = 0
+    while any(t.is_alive() for t in threads):
+        assert gxp.ok("e", "echo ok").stdout.split() == ["ok", "ok"]
+        runs += 1
+    for t in threads:
+        t.join()
+    assert runs >= 2
+    assert _rss_kib(daemon) - rss0 < 32 * 1024
+    assert gxp.ok("e", "echo ok").stdout.split() == ["ok", "ok"]
+    with open(os.path.join(gxp.session_dir, "gxpd.log")) as f:
+        refused = sum(1 for line in f if "refused a connection" in line)
+    assert refused >= 9000
