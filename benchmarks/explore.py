@@ -487,7 +487,7 @@ def main(argv=None) -> int:
         bench.setup()
         bench.run()
     except (KeyboardInterrupt, Interrupted) as e:
-        log("explore.py: interrupted (%s); cleaning up" % (e or "Ctrl-C"))
+        log("explore.py: interrupted (%s); cleaning up" % (str(e) or "Ctrl-C"))
         status = 130
     except (BenchError, testbed.TestBedError, subprocess.TimeoutExpired) as e:
         log("explore.py: %s" % e)

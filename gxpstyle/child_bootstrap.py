@@ -10,7 +10,10 @@ import os
 import signal
 import subprocess
 import time
-from typing import Any, Callable, Dict, Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
+    from typing import Any, Callable, Dict, Optional
 
 from gxpstyle import bootstrap, channels
 from gxpstyle.links import Link
