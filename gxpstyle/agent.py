@@ -40,7 +40,7 @@ def module_source(module: Any) -> str:
 
 class Node:
     def __init__(self, node_id: str, name: str, session: str, secret: bytes,
-                 opts: Dict[str, Any], payload: Tuple[bytes, bytes],
+                 opts: Dict[str, Any], payloads: "bootstrap.PayloadCache",
                  loop: Optional[EventLoop] = None) -> None:
         self.loop = loop or EventLoop()
         self.id = node_id
@@ -48,7 +48,7 @@ class Node:
         self.session = session
         self.secret = secret
         self.opts = opts
-        self.payload = payload
+        self.payloads = payloads
         self.parent: Optional[Link] = None
         self.children: Dict[str, Link] = {}
         self.starting: Dict[str, "child_bootstrap.ChildStart"] = {}
@@ -404,7 +404,7 @@ def _read_frame_blocking(fd: int, limit: int) -> bytes:
     return exact(n)
 
 
-def main(fds: Tuple[int, int], payload: Tuple[bytes, bytes]) -> None:
+def main(fds: Tuple[int, int]) -> None:
     """Entry point of a shipped agent (called by the bootstrap loader)."""
     rfd, wfd = os.dup(fds[0]), os.dup(fds[1])
     # Move the protocol off fds 0/1 so that a stray print, or a library writing
@@ -425,7 +425,7 @@ def main(fds: Tuple[int, int], payload: Tuple[bytes, bytes]) -> None:
     if hello["op"] != "hello":
         raise SystemExit(96)
     node = Node(hello["id"], hello["name"], hello["session"], hello["secret"],
-                hello["opts"], payload)
+                hello["opts"], bootstrap.PayloadCache(bootstrap.agent_sources()))
     parent_id = hello["id"].rsplit(".", 1)[0]
     node.parent = Link(node.loop, rfd, wfd, parent_id, node.on_parent_frame, node.on_parent_close)
     signal.signal(signal.SIGTERM, lambda *a: node.loop.call_soon_threadsafe(

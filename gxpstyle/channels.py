@@ -98,8 +98,11 @@ def _main():
     h = r(32); z = r(n)
     if hashlib.sha256(z).digest() != h:
         os._exit(99)
-    g = {"__name__": "__gxp__", "_gxp_payload": (h, z), "_gxp_fds": fds}
-    exec(compile(zlib.decompress(z), "<gxp-agent>", "exec"), g)
+    d = zlib.decompress(z)
+    i = d.find(b"\0")
+    i = len(d) if i < 0 else i
+    g = {"__name__": "__gxp__", "_gxp_codes": d[i + 1:], "_gxp_fds": fds}
+    exec(compile(d[:i], "<gxp-agent>", "exec"), g)
 _main()
 '''
 

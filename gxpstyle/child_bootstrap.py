@@ -86,7 +86,7 @@ class ChildStart:
         if need_marker:
             self.loop.add_reader(rfd, self._stdout_readable)
         else:
-            self._marker_seen(b"")
+            self._marker_seen(b"", None)
 
     def _stderr_readable(self) -> None:
         try:
@@ -119,19 +119,21 @@ class ChildStart:
             return
         self.stdout_buf += data
         i = self.stdout_buf.find(bootstrap.MARKER)
-        if i >= 0:
+        j = self.stdout_buf.find(b"\n", i) if i >= 0 else -1
+        if j >= 0:
             self.loop.remove_reader(self.rfd)
-            rest = self.stdout_buf[i + len(bootstrap.MARKER):]
+            tag = self.stdout_buf[i + len(bootstrap.MARKER):j].decode("ascii", "replace")
+            rest = self.stdout_buf[j + 1:]
             self.stdout_buf = b""
-            self._marker_seen(rest)
+            self._marker_seen(rest, tag)
         elif len(self.stdout_buf) > MAX_GARBAGE:
             self._finish(False, "no agent marker within %d bytes of output" % MAX_GARBAGE)
 
-    def _marker_seen(self, rest: bytes) -> None:
+    def _marker_seen(self, rest: bytes, tag: Optional[str]) -> None:
         self.link = Link(self.loop, self.rfd, self.wfd, self.child,
                          self.node.on_child_frame, self.node.on_child_close)
         self.link.starting = self
-        self.link.send_frame(bootstrap.payload_wire(self.node.payload))
+        self.link.send_frame(bootstrap.payload_wire(self.node.payloads.for_tag(tag)))
         self.link.send(self.child, self.node.id, self.node.hello_for(self.child, self.target))
         self.link.feed_initial(rest)
 

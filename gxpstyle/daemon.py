@@ -71,7 +71,7 @@ class Head(Node):
         cert, key, pin = session.make_certificate()
         opts = {"cert": cert, "key": key, "pin": pin}
         super().__init__(wire.HEAD, socket.gethostname(), session.session_name(session_dir),
-                         session.new_secret(), opts, bootstrap.head_payload())
+                         session.new_secret(), opts, bootstrap.PayloadCache(bootstrap.head_sources()))
         self.tree: Dict[str, NodeInfo] = {
             wire.HEAD: NodeInfo(wire.HEAD, "head", None, "-", socket.gethostname(),
                                 pid=os.getpid(), user=_user(), python=sys.version.split()[0])}
