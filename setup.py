@@ -8,5 +8,5 @@ setup(
     python_requires=">=3.8",
     install_requires=["paramiko>=3.0", "PyYAML>=6.0", "mfusepy>=1.0"],
     extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
-    entry_points={"console_scripts": ["gxpc = gxpstyle.cli:main"]},
+    entry_points={"console_scripts": ["gxpc = gxpstyle.cli:main", "sshfsm = sshfsmux.sshfsm:main"]},
 )
