@@ -61,6 +61,9 @@ class Node:
         self.extra_channels: Dict[str, Callable[["child_bootstrap.ChildStart"], None]] = {}
         self.quitting = False
         self.exit_code = 0
+        # A role (set from the hello) adds service calls and a cleanup at shutdown.
+        self.role_handlers: Dict[str, Callable[..., None]] = {}
+        self.role_cleanup: Optional[Callable[[], None]] = None
 
     # -- sending and routing ---------------------------------------------
     def backlog(self) -> int:
@@ -164,15 +167,24 @@ class Node:
             if line.strip():
                 self.log("[%s stderr] %s" % (child, line[:500]))
 
-    def hello_for(self, child: str, target: str) -> Dict[str, Any]:
+    def hello_for(self, child: str, target: str, role: Optional[str] = None,
+                  role_config: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        opts = dict(self.opts)
+        opts.pop("role", None)
+        opts.pop("role_config", None)
+        if role:
+            opts["role"] = role
+            opts["role_config"] = role_config or {}
         return {"op": "hello", "id": child, "name": target, "session": self.session,
-                "secret": self.secret, "opts": self.opts}
+                "secret": self.secret, "opts": opts}
 
     # -- ops -----------------------------------------------------------------
     def op_ready(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         starting = getattr(link, "starting", None) if link is not None else None
         if starting is not None and link.peer == src:
             info = {k: msg[k] for k in ("hostname", "pid", "python", "user") if k in msg}
+            if isinstance(msg.get("service"), dict):
+                info["service"] = msg["service"]
             starting.ready(info)
 
     def op_spawn(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
@@ -234,6 +246,34 @@ class Node:
 
     def op_quit(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         self.shutdown(send_bye=True)
+
+    def op_svc(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        """A call to this node's role (a service such as GMount's per-node mount)."""
+        handler = self.role_handlers.get(msg["call"])
+        if handler is None:
+            self.send(src, {"op": "svc_reply", "req": msg["req"], "ok": False,
+                            "error": "no such service call %r on %s" % (msg["call"], self.name),
+                            "result": {}})
+            return
+
+        def reply(ok: bool, error: str = "", result: Optional[Dict[str, Any]] = None) -> None:
+            self.send(src, {"op": "svc_reply", "req": msg["req"], "ok": ok, "error": error,
+                            "result": result or {}})
+        handler(msg["args"], reply)
+
+    def op_modules(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        """Modules pushed from the head: install them, pass them down once per link."""
+        if src != wire.HEAD:
+            return
+        try:
+            sources = bootstrap.unpack_modules(msg["blob"])
+        except (ValueError, Exception) as e:   # zlib.error, DecodeError: a bad blob is dropped
+            self.log("refused pushed modules: %s" % e)
+            return
+        bootstrap.install_sources(sources)
+        self.payloads.add(sources)
+        for child, link in list(self.children.items()):
+            link.send(child, wire.HEAD, msg)
 
     def op_log(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         if self.id == wire.HEAD:
@@ -361,6 +401,11 @@ class Node:
         for cs in list(self.starting.values()):
             cs._finish(False, "quitting")
         self.jobs.kill_all()
+        if self.role_cleanup is not None:
+            try:
+                self.role_cleanup()
+            except Exception as e:   # a failing cleanup must not stop the shutdown
+                self.log("role cleanup failed: %s" % e)
         deadline = time.monotonic() + QUIT_GRACE
 
         def wait_children() -> None:
@@ -435,7 +480,38 @@ def main(fds: Tuple[int, int]) -> None:
         user = pwd.getpwuid(os.getuid()).pw_name
     except (ImportError, KeyError):
         user = str(os.getuid())
-    node.send(parent_id, {"op": "ready", "id": node.id, "hostname": os.uname().nodename,
-                          "pid": os.getpid(), "python": sys.version.split()[0], "user": user})
-    node.loop.run()
+    ready = {"op": "ready", "id": node.id, "hostname": os.uname().nodename,
+             "pid": os.getpid(), "python": sys.version.split()[0], "user": user}
+    role = hello["opts"].get("role")
+    runner = None
+    if role:
+        # A service node: its module (pushed by the head) sets it up and may
+        # take over the main thread (FUSE wants it); the loop then runs beside.
+        try:
+            module = _role_module(role)
+            service, runner = module.start(node, dict(hello["opts"].get("role_config") or {}))
+            ready["service"] = service
+        except Exception as e:
+            ready["service"] = {"error": "%s: %s" % (e.__class__.__name__, e)}
+    node.send(parent_id, ready)
+    if runner is not None:
+        import threading
+        threading.Thread(target=node.loop.run, daemon=True).start()
+        runner()
+        node.loop.call_soon_threadsafe(lambda: node.shutdown(send_bye=False))
+        deadline = time.monotonic() + QUIT_GRACE + 3
+        while not node.loop._stopped and time.monotonic() < deadline:
+            time.sleep(0.05)
+    else:
+        node.loop.run()
     os._exit(node.exit_code)
+
+
+ROLES = {"gmount": "sshfsmux.gmount_node"}
+
+
+def _role_module(role: str) -> Any:
+    if role not in ROLES:
+        raise ValueError("unknown role %r" % role)
+    import importlib
+    return importlib.import_module(ROLES[role])

@@ -82,7 +82,9 @@ class _GxpImporter(object):
         self.codes = codes
     def find_spec(self, name, path=None, target=None):
         if name in self.sources or name == "gxpstyle":
-            return ModuleSpec(name, self, is_package=(name == "gxpstyle"))
+            prefix = name + "."
+            package = name == "gxpstyle" or any(k.startswith(prefix) for k in self.sources)
+            return ModuleSpec(name, self, is_package=package)
         return None
     def create_module(self, spec):
         return None
@@ -128,6 +130,62 @@ def head_sources() -> Dict[str, str]:
     return {name: inspect.getsource(importlib.import_module(name)) for name in AGENT_MODULES}
 
 
+# Modules the head may push into live agents (mount code and what it needs).
+PUSHABLE_PREFIXES = ("sshfsmux", "mfusepy", "make_backend")
+MAX_MODULES_BLOB = 16 << 20
+
+
+def pushable(name: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in PUSHABLE_PREFIXES)
+
+
+def module_sources(names: "List[str]") -> Dict[str, str]:
+    """Sources of installed modules (and their packages) by name, on the head."""
+    import importlib
+    import inspect
+    out: Dict[str, str] = {}
+    for name in names:
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            sub = ".".join(parts[:i])
+            if sub not in out:
+                mod = importlib.import_module(sub)
+                try:
+                    out[sub] = inspect.getsource(mod)
+                except (OSError, TypeError):
+                    out[sub] = ""          # an empty package __init__
+    return out
+
+
+def pack_modules(sources: Dict[str, str]) -> bytes:
+    from gxpstyle import serializer
+    return zlib.compress(serializer.dumps(sources), 6)
+
+
+def unpack_modules(blob: bytes) -> Dict[str, str]:
+    """Decode a pushed module set, refusing anything but pushable names and text."""
+    from gxpstyle import serializer
+    d = zlib.decompressobj()
+    raw = d.decompress(blob, MAX_MODULES_BLOB)
+    if d.unconsumed_tail:
+        raise ValueError("module blob too large")
+    sources = serializer.loads(raw)
+    if not isinstance(sources, dict):
+        raise ValueError("module blob is not a dict")
+    for k, v in sources.items():
+        if not isinstance(k, str) or not isinstance(v, str) or not pushable(k):
+            raise ValueError("module %r may not be pushed" % (k,))
+    return sources
+
+
+def install_sources(sources: Dict[str, str]) -> None:
+    """On a shipped agent: make pushed modules importable (the loader's importer
+    and the payload sources share one dict)."""
+    import sys
+    shared = sys.modules["gxpstyle"].__gxp_sources__
+    shared.update(sources)
+
+
 def agent_sources() -> Dict[str, str]:
     """On a shipped agent: the sources the loader received."""
     import sys
@@ -141,6 +199,12 @@ class PayloadCache:
     def __init__(self, sources: Dict[str, str]) -> None:
         self.sources = sources
         self.built: Dict[Optional[str], Tuple[bytes, bytes]] = {}
+
+    def add(self, sources: Dict[str, str]) -> None:
+        """More modules (pushed by the head): later children get them at bootstrap."""
+        if any(self.sources.get(k) != v for k, v in sources.items()):
+            self.sources.update(sources)
+            self.built.clear()
 
     def for_tag(self, tag: Optional[str]) -> Tuple[bytes, bytes]:
         import sys

@@ -254,6 +254,53 @@ def cmd_simple(name: str, **fixed: Any) -> Any:
     return run
 
 
+def cmd_mount(c: Client, a: argparse.Namespace) -> int:
+    opts = _mount_options(a.options)
+    args = {"export": os.path.abspath(a.export), "mountpoint": os.path.abspath(a.mountpoint),
+            "ro": "ro" in opts, "cipher": opts.get("cipher") != "none"}
+    status, result = c.call("mount", args, on_print=_write)
+    if status == 2:
+        _err(result.get("error", "mount failed"))
+        return EXIT_USAGE
+    return EXIT_FAILED if status else EXIT_OK
+
+
+def _mount_options(values: List[str]) -> Dict[str, str]:
+    opts: Dict[str, str] = {}
+    for v in values:
+        for item in v.split(","):
+            k, _, val = item.partition("=")
+            if k not in ("ro", "rw", "cipher"):
+                raise UsageError("mount: unknown option %r (known: ro, rw, cipher=none)" % k)
+            if k == "cipher" and val != "none":
+                raise UsageError("mount: cipher takes only 'none' (authentication stays on)")
+            opts[k] = val
+    return opts
+
+
+def cmd_umount(c: Client, a: argparse.Namespace) -> int:
+    args = {"mountpoint": os.path.abspath(a.mountpoint) if a.mountpoint else None}
+    status, result = c.call("umount", args, on_print=_write)
+    if status == 2:
+        _err(result.get("error", "umount failed"))
+        return EXIT_USAGE
+    return EXIT_FAILED if status else EXIT_OK
+
+
+def cmd_mw(c: Client, a: argparse.Namespace) -> int:
+    """GXP compatibility: `gxpc mw gmnt EXPORT MOUNT` and `gxpc mw gmnt -u`."""
+    if a.program != "gmnt":
+        raise UsageError("mw: only the gmnt program is built in (got %r)" % a.program)
+    if a.unmount:
+        a.mountpoint = a.args[0] if a.args else None
+        return cmd_umount(c, a)
+    if len(a.args) != 2:
+        raise UsageError("mw gmnt EXPORT MOUNTPOINT, or mw gmnt -u")
+    a.export, a.mountpoint = a.args
+    a.options = []
+    return cmd_mount(c, a)
+
+
 def cmd_quit(c: Client, a: argparse.Namespace) -> int:
     try:
         status, result = c.call("quit")
@@ -337,6 +384,23 @@ def build_parser() -> argparse.ArgumentParser:
     xp = sub.add_parser("export", help="environment for later commands on every node")
     xp.add_argument("assignments", nargs="+", metavar="VAR=VALUE")
     xp.set_defaults(func=cmd_simple("export"), start=False)
+    mo = sub.add_parser("mount", help="GMount: every node exports EXPORT and mounts the merged view",
+                        description="Every explored node (the head included) exports EXPORT and mounts, "
+                                    "at MOUNTPOINT, its own EXPORT merged with every other node's.")
+    mo.add_argument("export", metavar="EXPORT")
+    mo.add_argument("mountpoint", metavar="MOUNTPOINT")
+    mo.add_argument("-o", dest="options", action="append", default=[], metavar="OPT",
+                    help="ro (read-only, enforced by every export), cipher=none (no TLS on the "
+                         "data channel; authentication stays on)")
+    mo.set_defaults(func=cmd_mount, start=False)
+    um = sub.add_parser("umount", help="unmount the session's GMount everywhere")
+    um.add_argument("mountpoint", nargs="?", metavar="MOUNTPOINT")
+    um.set_defaults(func=cmd_umount, start=False)
+    mw = sub.add_parser("mw", help="GXP compatibility: mw gmnt EXPORT MOUNT / mw gmnt -u")
+    mw.add_argument("program")
+    mw.add_argument("-u", dest="unmount", action="store_true")
+    mw.add_argument("args", nargs="*")
+    mw.set_defaults(func=cmd_mw, start=False)
     q = sub.add_parser("quit", help="stop every agent and remove what was shipped")
     q.set_defaults(func=cmd_quit, start=False)
     return p

@@ -35,6 +35,7 @@ class NodeInfo:
     python: str = ""
     bootstrap_seconds: float = 0.0
     next_child: int = 1
+    role: str = ""             # "" for an explored host; "gmount" for a mount service
 
     def names(self) -> List[str]:
         out = [self.name]
@@ -90,6 +91,12 @@ class Head(Node):
         self.env: Dict[str, Optional[str]] = {}
         self.quit_client: Optional[Tuple[str, int]] = None
         self.listen_sock: Optional[socket.socket] = None
+        # Other head-side controllers (GMount) wait for spawn and service replies.
+        self.spawn_hooks: Dict[int, Any] = {}
+        self.svc_hooks: Dict[int, Any] = {}
+        self.pushed: Set[str] = set()
+        from sshfsmux.gmount_control import GMountControl
+        self.gmount = GMountControl(self)
         try:
             from gxpstyle import paramiko_channel
             self.extra_channels["paramiko"] = lambda cs: paramiko_channel.start(self, cs)
@@ -208,7 +215,10 @@ class Head(Node):
         nodes = []
         for nid in sorted(self.tree, key=_id_key):
             n = self.tree[nid]
-            nodes.append({"id": n.id, "name": n.name, "hostname": n.hostname, "channel": n.channel,
+            if n.state in ("quit", "gone"):
+                continue
+            nodes.append({"id": n.id, "name": n.name, "hostname": n.hostname,
+                          "channel": n.role or n.channel,
                           "state": n.state, "reason": n.reason, "pid": n.pid, "user": n.user,
                           "python": n.python, "parent": n.parent or ""})
         mask = sorted(self.mask, key=_id_key) if self.mask is not None else None
@@ -240,7 +250,7 @@ class Head(Node):
         self.reply(cid, req, 0, {"count": len(self.saved_masks[name])})
 
     def select_nodes(self, args: Dict[str, Any]) -> List[str]:
-        up = [nid for nid, n in self.tree.items() if n.state == "up"]
+        up = [nid for nid, n in self.tree.items() if n.state == "up" and not n.role]
         if args.get("mask"):
             if args["mask"] not in self.saved_masks:
                 raise ValueError("no saved mask named %r" % args["mask"])
@@ -277,6 +287,13 @@ class Head(Node):
             msg = {"op": "exec", "job": job, "cmd": args["cmd"], "cwd": cwd, "env": e,
                    "stdin": bool(args.get("stdin"))}
             self.route_frame(nid, wire.encode_frame(nid, cid, msg), None)
+
+    # -- GMount (sshfsmux/gmount_control.py decides; services execute) ----------
+    def req_mount(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        self.gmount.request_mount(cid, req, args)
+
+    def req_umount(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        self.gmount.request_umount(cid, req, args)
 
     # -- explore ---------------------------------------------------------------
     def req_explore(self, cid: str, req: int, args: Dict[str, Any]) -> None:
@@ -351,7 +368,59 @@ class Head(Node):
         self.send(parent, {"op": "spawn", "req": self.req_seq, "child": child, "target": a.target,
                            "channel": spec, "timeout": timeout})
 
+    def new_req(self) -> int:
+        self.req_seq += 1
+        return self.req_seq
+
+    def spawn_service(self, parent: str, target: str, role: str, config: Dict[str, Any],
+                      timeout: float, done: Any) -> str:
+        """Start a role node under `parent`; done(ok, reason, info) when it is up."""
+        info = self.tree[parent]
+        child = "%s.%d" % (parent, info.next_child)
+        info.next_child += 1
+        req = self.new_req()
+
+        def spawned(msg: Dict[str, Any], src: str) -> None:
+            if msg["ok"]:
+                i = msg["info"]
+                self.tree[child] = NodeInfo(child, target, parent, "local", str(i.get("hostname", "")),
+                                            pid=int(i.get("pid", 0)), user=str(i.get("user", "")),
+                                            python=str(i.get("python", "")), role=role)
+            done(msg["ok"], msg["reason"], msg["info"], child)
+        self.spawn_hooks[req] = (child, spawned)
+        self.send(parent, {"op": "spawn", "req": req, "child": child, "target": target,
+                           "channel": {"name": "local", "role": role, "role_config": config},
+                           "timeout": timeout})
+        return child
+
+    def call_service(self, node: str, call: str, args: Dict[str, Any], done: Any) -> None:
+        """Send a service call; done(ok, error, result) on the reply (or loss)."""
+        req = self.new_req()
+        self.svc_hooks[req] = (node, done)
+        self.send(node, {"op": "svc", "req": req, "call": call, "args": args})
+
+    def op_svc_reply(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        entry = self.svc_hooks.pop(msg["req"], None)
+        if entry is not None and entry[0] == src:
+            entry[1](msg["ok"], msg["error"], msg["result"])
+
+    def push_modules(self, names: List[str]) -> None:
+        """Make head modules importable on every agent (each link carries them once)."""
+        sources = bootstrap.module_sources(names)
+        fresh = {k: v for k, v in sources.items() if k not in self.pushed}
+        if not fresh:
+            return
+        self.pushed.update(fresh)
+        blob = bootstrap.pack_modules(sources)
+        self.payloads.add(sources)
+        for child, link in list(self.children.items()):
+            link.send(child, self.id, {"op": "modules", "blob": blob})
+
     def op_spawned(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        hook = self.spawn_hooks.pop(msg["req"], None)
+        if hook is not None:
+            hook[1](msg, src)
+            return
         entry = self.spawn_reqs.pop(msg["req"], None)
         if entry is None:
             return
@@ -400,6 +469,16 @@ class Head(Node):
                     if self.mask is not None:
                         self.mask.discard(nid)
             self.write_log("lost %s: %s" % (lost, msg["reason"]))
+            # Controllers waiting on the lost subtree get their answer now.
+            for req, (node, done) in list(self.svc_hooks.items()):
+                if wire.is_descendant(node, lost):
+                    del self.svc_hooks[req]
+                    done(False, "node lost: %s" % msg["reason"], {})
+            for req, (child, spawned) in list(self.spawn_hooks.items()):
+                if wire.is_descendant(child, lost):
+                    del self.spawn_hooks[req]
+                    spawned({"ok": False, "reason": "parent lost", "info": {}, "child": child}, "")
+            self.gmount.nodes_lost(lost)
             # Jobs on the lost subtree will never report: answer for them.
             for (cid, job), out in list(self.jobs_out.items()):
                 for nid, status in out.items():

@@ -132,6 +132,11 @@ SCHEMA: Dict[str, Dict[str, Any]] = {
     "xfer_data": {"xfer": _I, "data": _BY},
     "xfer_close": {"xfer": _I, "sha256": _S},
     "xfer_done": {"xfer": _I, "ok": _B, "error": _S},
+    # calls to a node's role (service), e.g. GMount's per-node mount
+    "svc": {"req": _I, "call": _S, "args": _D},
+    "svc_reply": {"req": _I, "ok": _B, "error": _S, "result": _D},
+    # more modules for live agents (zlib of a serialized {name: source}); crosses each link once
+    "modules": {"blob": _BY},
     # client <-> session daemon
     "request": {"req": _I, "cmd": _S, "args": _D},
     "reply": {"req": _I, "status": _I, "result": _D},
