@@ -142,6 +142,12 @@ SCHEMA: Dict[str, Dict[str, Any]] = {
     "reply": {"req": _I, "status": _I, "result": _D},
     "print": {"req": _I, "stream": _I, "data": _BY},
     "error": {"text": _S},
+    # sshfsmux direct data channel (sshfsmux/fs_protocol.py): calls, one reply
+    # each, streamed data for whole-file reads and long listings
+    "fs_call": {"req": _I, "call": _S, "args": _D},
+    "fs_reply": {"req": _I, "errno": _I,
+                 "result": (type(None), bool, int, float, str, bytes, list, dict)},
+    "fs_data": {"req": _I, "data": _BY, "eof": _B},
 }
 
 
