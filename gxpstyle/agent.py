@@ -289,16 +289,23 @@ class Node:
             self.session_dir = tempfile.mkdtemp(prefix="gxp-%s-" % self.session[:12], dir=base)
         return self.session_dir
 
-    def ensure_listener(self) -> Any:
-        from gxpstyle import link_auth
-        if self.listener is None:
-            d = self.ensure_session_dir()
-            certfile = os.path.join(d, "cert.pem")
-            keyfile = os.path.join(d, "key.pem")
+    def tls_files(self) -> "Tuple[str, str]":
+        """The session certificate and key as files (ssl loads only files), 0600
+        inside the 0700 per-session directory; written once, removed at quit."""
+        d = self.ensure_session_dir()
+        certfile = os.path.join(d, "cert.pem")
+        keyfile = os.path.join(d, "key.pem")
+        if not os.path.exists(keyfile):
             for path, text in ((certfile, self.opts["cert"]), (keyfile, self.opts["key"])):
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(fd, "w") as f:
                     f.write(text)
+        return certfile, keyfile
+
+    def ensure_listener(self) -> Any:
+        from gxpstyle import link_auth
+        if self.listener is None:
+            certfile, keyfile = self.tls_files()
 
             def on_link(label: str, rfd: int, wfd: int) -> None:
                 self.loop.call_soon_threadsafe(lambda: self.batch_connected(label, rfd, wfd))

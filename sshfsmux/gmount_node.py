@@ -1,0 +1,190 @@
+"""GMount's per-node service (role "gmount"): an export server on EXPORT and, once
+the head sends the peers, the merged FUSE mount at MOUNTPOINT.
+
+It runs as a child node of the node's agent, started by the same bootstrap and
+loaded from memory (the head pushed these modules). FUSE takes the main thread;
+the node's event loop runs beside it. Service calls: "mount" {peers} and
+"umount". Shutdown (quit, or the agent going away) unmounts and closes.
+
+Standard library plus modules the head pushes (sshfsmux, mfusepy).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import threading
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+
+MOUNT_WAIT = 20.0
+
+
+def local_addresses() -> "List[str]":
+    """This host's IPv4 addresses (loopback last), from /proc: no ifconfig needed."""
+    found: "List[str]" = []
+    try:
+        with open("/proc/net/fib_trie") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for i, line in enumerate(lines):
+        if "/32 host LOCAL" in line and i > 0:
+            addr = lines[i - 1].strip().lstrip("|-+` ").strip()
+            if addr and addr not in found and not addr.startswith("127."):
+                found.append(addr)
+    found.append("127.0.0.1")
+    return found
+
+
+def _as_int(addr: str) -> int:
+    try:
+        return struct.unpack("!I", socket.inet_aton(addr))[0]
+    except OSError:
+        return 0
+
+
+def pick_address(peer_addrs: "List[str]", own: "List[str]") -> str:
+    """The peer address sharing the longest prefix with one of ours: on the same
+    subnet first, loopback only for a peer on this very host."""
+    best, best_len = peer_addrs[0] if peer_addrs else "127.0.0.1", -1
+    for a in peer_addrs:
+        if a.startswith("127."):
+            if a in own and best_len < 0:
+                best = a
+            continue
+        ai = _as_int(a)
+        for o in own:
+            if o.startswith("127."):
+                continue
+            common = 32 - (ai ^ _as_int(o)).bit_length()
+            if common > best_len:
+                best, best_len = a, common
+    return best
+
+
+def fusermount() -> str:
+    for name in ("fusermount3", "fusermount"):
+        for d in os.environ.get("PATH", "/usr/bin:/bin").split(":") + ["/usr/bin", "/bin"]:
+            path = os.path.join(d, name)
+            if os.access(path, os.X_OK):
+                return path
+    return "fusermount"
+
+
+def is_mounted(mountpoint: str) -> bool:
+    try:
+        with open("/proc/self/mounts") as f:
+            return any(line.split()[1] == mountpoint for line in f if len(line.split()) > 1)
+    except OSError:
+        return False
+
+
+def unmount(mountpoint: str) -> str:
+    """Unmount; a busy mount is detached lazily. Returns '' or the error line."""
+    fm = fusermount()
+    r = subprocess.run([fm, "-u", mountpoint], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+    if r.returncode != 0 and is_mounted(mountpoint):
+        r = subprocess.run([fm, "-u", "-z", mountpoint], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+        if r.returncode != 0 and is_mounted(mountpoint):
+            return r.stderr.decode("utf-8", "replace").strip() or "fusermount failed"
+    return ""
+
+
+def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Callable[[], None]]":
+    from sshfsmux.direct_branch import DirectBranch
+    from sshfsmux.export_server import ExportServer
+    from sshfsmux.fs_protocol import data_channel_key
+    from sshfsmux.local_branch import LocalBranch
+    from sshfsmux import merged_fs
+
+    export = os.path.abspath(config["export"])
+    mountpoint = os.path.abspath(config["mountpoint"])
+    ro = bool(config.get("ro"))
+    cipher = bool(config.get("cipher", True))
+    if not os.path.isdir(export):
+        raise ValueError("export %s: no such directory" % export)
+    if not os.path.isdir(mountpoint):
+        try:
+            os.makedirs(mountpoint, 0o755)
+        except OSError as e:
+            raise ValueError("mountpoint %s: %s" % (mountpoint, e.strerror))
+    if is_mounted(mountpoint):
+        raise ValueError("mountpoint %s: already a mount point" % mountpoint)
+    certfile, keyfile = node.tls_files()
+    pin = node.opts["pin"]
+    key = data_channel_key(node.secret)
+    cache_dir = os.path.join(node.ensure_session_dir(), "replicas")
+    os.makedirs(cache_dir, 0o700, exist_ok=True)
+
+    def log(text: str) -> None:
+        node.loop.call_soon_threadsafe(lambda: node.log(text))
+
+    server = ExportServer(export, ro, key, certfile, keyfile, pin, cipher=cipher, log=log)
+    own = local_addresses()
+    state: "Dict[str, Any]" = {"fs": None, "stop": False, "reply": None}
+    go = threading.Event()
+
+    def in_loop(fn: "Callable[..., None]", *args: "Any") -> None:
+        node.loop.call_soon_threadsafe(lambda: fn(*args))
+
+    def mount_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+        if state["fs"] is not None:
+            reply(False, "already mounted")
+            return
+
+        def work() -> None:
+            try:
+                branches = [LocalBranch(export, node=node.name)]
+                for p in args.get("peers", []):
+                    host = pick_address(list(p.get("addrs") or []), own)
+                    branches.append(DirectBranch(host, int(p["port"]), key, pin, node=str(p["node"]),
+                                                 cipher=cipher, cache_dir=cache_dir))
+                state["fs"] = merged_fs.MergedFS(branches, mountpoint=mountpoint, read_only=ro)
+            except Exception as e:
+                in_loop(reply, False, "%s: %s" % (e.__class__.__name__, e))
+                return
+            state["reply"] = reply
+            go.set()
+            deadline = time.monotonic() + MOUNT_WAIT
+            while time.monotonic() < deadline and not state["stop"]:
+                if is_mounted(mountpoint):
+                    in_loop(reply, True, "", {"mountpoint": mountpoint})
+                    return
+                if state.get("error"):
+                    break
+                time.sleep(0.02)
+            in_loop(reply, False, state.get("error") or "mount did not appear within %gs" % MOUNT_WAIT)
+        threading.Thread(target=work, daemon=True).start()
+
+    def umount_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+        def work() -> None:
+            err = unmount(mountpoint) if is_mounted(mountpoint) else ""
+            in_loop(reply, not err, err)
+        threading.Thread(target=work, daemon=True).start()
+
+    def cleanup() -> None:
+        state["stop"] = True
+        go.set()
+        if is_mounted(mountpoint):
+            unmount(mountpoint)
+        server.close()
+
+    def runner() -> None:
+        go.wait()
+        if state["stop"] or state["fs"] is None:
+            return
+        try:
+            merged_fs.run_fuse(state["fs"], mountpoint, foreground=True)
+        except Exception as e:
+            state["error"] = "%s: %s" % (e.__class__.__name__, e)
+
+    node.role_handlers = {"mount": mount_call, "umount": umount_call}
+    node.role_cleanup = cleanup
+    return {"port": server.port, "addrs": own, "node": node.name}, runner

@@ -1,0 +1,136 @@
+"""GMount over the explored tree, on the test bed, as an ordinary user.
+
+Exports and mount points live in /tmp, which is private to every test-bed host
+(and the head's own /tmp), so each node's export really is its own disk.
+"""
+import os
+import socket
+import stat
+import time
+import uuid
+
+import pytest
+
+import testbed
+from conftest import REPO, venv_dir
+
+pytestmark = pytest.mark.testbed
+
+HOSTS = ["tg%02d" % i for i in range(1, 17)]
+
+
+@pytest.fixture(scope="module")
+def bed():
+    if os.getuid() != 0:
+        pytest.skip("the test bed needs root")
+    missing = testbed.requirements_missing()
+    if missing:
+        pytest.skip(missing)
+    old_mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
+    os.chmod("/dev/fuse", 0o666)     # as on real systems (0600 on this machine)
+    b = testbed.TestBed()
+    try:
+        b.up(HOSTS, hide_paths=[REPO, venv_dir()])
+        b.add_user("gxpm" + uuid.uuid4().hex[:6])
+        yield b
+    finally:
+        b.teardown()
+        os.chmod("/dev/fuse", old_mode)
+        leftover = [l for l in open("/proc/mounts") if "sshfsmux" in l or "gxpmnt" in l]
+        assert leftover == [], leftover
+
+
+@pytest.fixture
+def g(bed, make_gxp):
+    return make_gxp(bed=bed, user=next(iter(bed.users)))
+
+
+def fuse_mounts(bed, names):
+    out = {}
+    for n in names:
+        out[n] = [l for l in bed.host(n).mounts() if " fuse" in l]
+    return out
+
+
+def head_fuse_mounts(mountpoint):
+    with open("/proc/mounts") as f:
+        return [l for l in f if l.split()[1] == mountpoint]
+
+
+def explore(g, hosts):
+    g.ok("use", "ssh", "head", "tg*")
+    g.ok("explore", *hosts)
+
+
+def test_gmount_every_node_sees_every_file_and_umount_is_clean(bed, g):
+    hosts = HOSTS
+    explore(g, hosts)
+    tag = uuid.uuid4().hex[:6]
+    export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
+    g.ok("e", "mkdir -p %s %s" % (export, mnt))
+    t0 = time.monotonic()
+    g.ok("mount", export, mnt)
+    mount_seconds = time.monotonic() - t0
+    # Every node writes one file through the mount ...
+    g.ok("e", "echo from $GXP_HOSTNAME > %s/from-$GXP_HOSTNAME" % mnt)
+    # ... which lands in that node's own export ...
+    for n in hosts:
+        assert os.listdir(os.path.join(bed.host(n).tmp_dir, "gxpexp-" + tag)) == ["from-" + n]
+    # ... and every node sees all of them.
+    r = g.ok("e", "-b", "ls %s | sort | tr '\\n' ' '" % mnt)
+    expected = " ".join(sorted(["from-" + n for n in hosts] + ["from-head"]))
+    assert r.stdout.count(expected) == 1 and "(%d)" % (len(hosts) + 1) in r.stdout
+    r = g.ok("e", "--hosts", "tg01", "cat %s/from-tg16; getfattr --only-values -n user.sshfsmux.location %s/from-tg16"
+             % (mnt, mnt))
+    assert r.stdout.splitlines()[0] == "from tg16"
+    assert "tg16" in r.stdout.splitlines()[1]
+    g.ok("umount")
+    assert head_fuse_mounts(mnt) == []
+    assert all(v == [] for v in fuse_mounts(bed, hosts).values())
+    assert mount_seconds < 30
+
+
+def test_umount_after_a_node_died_leaves_no_stale_mount(bed, g):
+    hosts = HOSTS[:4]
+    explore(g, hosts)
+    tag = uuid.uuid4().hex[:6]
+    export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
+    g.ok("e", "mkdir -p %s %s" % (export, mnt))
+    g.ok("mount", export, mnt)
+    g.ok("e", "echo x > %s/f-$GXP_HOSTNAME" % mnt)
+    bed.host("tg03").kill()
+    time.sleep(1)
+    # The survivors still work: the dead node's branch is skipped, not hung on.
+    r = g.run("e", "ls %s" % mnt, timeout=60)
+    assert "f-tg01" in r.stdout
+    r = g.run("umount", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert head_fuse_mounts(mnt) == []
+    assert all(v == [] for v in fuse_mounts(bed, ["tg01", "tg02", "tg04"]).values())
+    bed.host("tg03").plug()
+
+
+def test_data_port_refuses_a_wrong_key(bed, g):
+    from gxpstyle import link_auth
+    explore(g, HOSTS[:1])
+    tag = uuid.uuid4().hex[:6]
+    export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
+    g.ok("e", "mkdir -p %s %s" % (export, mnt))
+    g.ok("mount", export, mnt)
+    try:
+        # The head's own GMount service is the only agent of this session in the
+        # head's network namespace: its listening port is the data port.
+        import subprocess
+        pids = set(g.agent_pids())
+        out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+        ports = [int(l.split()[3].rsplit(":", 1)[1]) for l in out.splitlines()
+                 if any("pid=%d," % p in l for p in pids)]
+        assert len(ports) == 1, out
+        for key in (os.urandom(32), b""):
+            s = socket.create_connection(("127.0.0.1", ports[0]), timeout=5)
+            with pytest.raises((link_auth.AuthError, OSError)):
+                link_auth.client_handshake(s, "fs", key or os.urandom(32), "0" * 64, timeout=5)
+        # The mount still serves its owner.
+        assert g.ok("e", "--hosts", "tg01", "ls %s" % mnt).returncode == 0
+    finally:
+        g.ok("umount")
