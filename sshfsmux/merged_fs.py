@@ -936,8 +936,9 @@ class MergedFS(Operations):
                     names.append(n)
         return names
 
-    @_safe
-    def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
+    def _xattr_target(self, path: str, name: str) -> View:
+        """The view an xattr change applies to, after the checks both setxattr
+        and removexattr make: not the chain file, user.* only, not computed."""
         if self._is_chain(path):
             raise _e(errno.EPERM)
         v = self._view(path)
@@ -946,6 +947,11 @@ class MergedFS(Operations):
         if name in COMPUTED:
             raise _e(errno.EPERM)
         self._writable()
+        return v
+
+    @_safe
+    def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
+        v = self._xattr_target(path, name)
         if name in HINTS:
             text = value.decode("ascii", "replace").strip()
             if name == XA_DP and not _DP_RE.match(text):
@@ -979,14 +985,7 @@ class MergedFS(Operations):
 
     @_safe
     def removexattr(self, path: str, name: str) -> int:
-        if self._is_chain(path):
-            raise _e(errno.EPERM)
-        v = self._view(path)
-        if not name.startswith("user."):
-            raise _e(errno.ENOTSUP)
-        if name in COMPUTED:
-            raise _e(errno.EPERM)
-        self._writable()
+        v = self._xattr_target(path, name)
         if name in HINTS:
             found = False
             with self._lock:

@@ -612,24 +612,7 @@ class SftpWriteHandle(WriteHandle):
 
     def read(self, size: int, offset: int) -> bytes:
         self.drain()
-        out = []
-        got = 0
-        while got < size:
-            try:
-                t, data = self.session.request(CMD_READ, self.handle, int64(offset + got),
-                                               min(size - got, STREAM_CHUNK))
-            except StatusError as e:
-                if e.code == FX_EOF:
-                    break
-                raise
-            if t != CMD_DATA:
-                break
-            chunk = Message(data).get_string()
-            if not chunk:
-                break
-            out.append(chunk)
-            got += len(chunk)
-        return b"".join(out)
+        return read_range(self.session, self.handle, size, offset)
 
     def truncate(self, length: int) -> None:
         self.drain()
@@ -872,28 +855,36 @@ class DirectReadHandle(ReadHandle):
         self.handle = handle
 
     def read(self, size: int, offset: int) -> bytes:
-        out = []
-        got = 0
-        while got < size:
-            try:
-                t, data = self.session.request(CMD_READ, self.handle, int64(offset + got),
-                                               min(size - got, STREAM_CHUNK))
-            except StatusError as e:
-                if e.code == FX_EOF:
-                    break
-                raise
-            chunk = Message(data).get_string()
-            if not chunk:
-                break
-            out.append(chunk)
-            got += len(chunk)
-        return b"".join(out)
+        return read_range(self.session, self.handle, size, offset)
 
     def close(self) -> None:
         try:
             self.session.request(CMD_CLOSE, self.handle)
         except OSError:
             pass
+
+
+def read_range(session: "SftpSession", handle: bytes, size: int, offset: int) -> bytes:
+    """Read `size` bytes at `offset` from an open remote file, in server-sized
+    requests; short at end of file."""
+    out = []
+    got = 0
+    while got < size:
+        try:
+            t, data = session.request(CMD_READ, handle, int64(offset + got),
+                                      min(size - got, STREAM_CHUNK))
+        except StatusError as e:
+            if e.code == FX_EOF:
+                break
+            raise
+        if t != CMD_DATA:
+            break
+        chunk = Message(data).get_string()
+        if not chunk:
+            break
+        out.append(chunk)
+        got += len(chunk)
+    return b"".join(out)
 
 
 # --------------------------------------------------------------------------
