@@ -13,4 +13,13 @@ gxpc e 'test $GXP_EXEC_IDX -lt 3' || true   # some nodes fail ...
 gxpc smask                          # ... select the ones that succeeded
 gxpc e -H 'echo still selected'
 gxpc rmask
+# GMount: every node exports a directory and mounts the merged view. Local agents
+# share this machine, so one mount serves them all.
+top=$(dirname "$GXP_SESSION")
+mkdir -p "$top/export" "$top/mnt"
+gxpc mount "$top/export" "$top/mnt"
+gxpc e 'echo "written by $GXP_NODE_ID" > '"$top/mnt"'/from-$GXP_NODE_ID'
+ls "$top/mnt"
+python3 -c 'import os, sys; print("location:", os.getxattr(sys.argv[1], "user.sshfsmux.location").decode())' "$top/mnt/from-0.1"
+gxpc umount
 echo "example: done" >&2

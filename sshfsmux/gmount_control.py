@@ -57,7 +57,15 @@ class GMountControl:
         if mountpoint in self.mounts:
             self.head.reply(cid, req, 2, {"error": "mount: %s is already mounted in this session" % mountpoint})
             return
-        nodes = [nid for nid, n in self.head.tree.items() if n.state == "up" and not n.role]
+        # One service per host: agents that share a machine (local agents, two
+        # names for one host) share its mount; the shallowest one serves it.
+        nodes: List[str] = []
+        hosts: Set[str] = set()
+        for nid in sorted(self.head.tree, key=lambda i: (i.count("."), i)):
+            n = self.head.tree[nid]
+            if n.state == "up" and not n.role and n.hostname not in hosts:
+                hosts.add(n.hostname)
+                nodes.append(nid)
         try:
             self.head.push_modules(MODULES)
         except ImportError as e:
@@ -69,7 +77,8 @@ class GMountControl:
                   "ro": bool(args.get("ro")), "cipher": bool(args.get("cipher", True))}
         for nid in nodes:
             self.head.spawn_service(
-                nid, "gmount@" + self._name(nid), "gmount", config, SERVICE_TIMEOUT,
+                nid, "gmount@" + self._name(nid), "gmount", dict(config, node=self._name(nid)),
+                SERVICE_TIMEOUT,
                 lambda ok, reason, info, child, nid=nid: self._service_up(m, nid, ok, reason, info, child))
 
     def _service_up(self, m: Mount, nid: str, ok: bool, reason: str, info: Dict[str, Any],

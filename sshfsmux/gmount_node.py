@@ -117,6 +117,8 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
             raise ValueError("mountpoint %s: %s" % (mountpoint, e.strerror))
     if is_mounted(mountpoint):
         raise ValueError("mountpoint %s: already a mount point" % mountpoint)
+    # The name peers and the location attribute know this host by (as explored).
+    host_name = str(config.get("node") or node.name)
     certfile, keyfile = node.tls_files()
     pin = node.opts["pin"]
     key = data_channel_key(node.secret)
@@ -141,12 +143,13 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
 
         def work() -> None:
             try:
-                branches = [LocalBranch(export, node=node.name)]
+                branches = [LocalBranch(export, node=host_name)]
                 for p in args.get("peers", []):
                     host = pick_address(list(p.get("addrs") or []), own)
                     branches.append(DirectBranch(host, int(p["port"]), key, pin, node=str(p["node"]),
                                                  cipher=cipher, cache_dir=cache_dir))
-                state["fs"] = merged_fs.MergedFS(branches, mountpoint=mountpoint, read_only=ro)
+                state["fs"] = merged_fs.MergedFS(branches, mountpoint=mountpoint, read_only=ro,
+                                                 node=host_name, log=log)
             except Exception as e:
                 in_loop(reply, False, "%s: %s" % (e.__class__.__name__, e))
                 return
@@ -187,4 +190,4 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
 
     node.role_handlers = {"mount": mount_call, "umount": umount_call}
     node.role_cleanup = cleanup
-    return {"port": server.port, "addrs": own, "node": node.name}, runner
+    return {"port": server.port, "addrs": own, "node": host_name}, runner

@@ -228,3 +228,29 @@ def test_explore_from_cluster_yaml(gxp, shared_tmp):
     os.chmod(bad, 0o644)
     r = gxp.run("explore", "--config", str(bad))
     assert r.returncode == 2 and r.stderr.startswith("gxpc: %s:2: " % bad)
+
+
+def test_gmount_with_local_agents_mounts_once_per_host(gxp, user_bed):
+    """Local agents share the head's machine: one mount serves them all."""
+    if user_bed is None:
+        pytest.skip("needs root to open /dev/fuse to an ordinary user")
+    import stat as st
+    old = st.S_IMODE(os.stat("/dev/fuse").st_mode)
+    os.chmod("/dev/fuse", 0o666)
+    try:
+        gxp.ok("explore", "--local", "2")
+        top = os.path.dirname(gxp.session_dir)
+        export, mnt = top + "/export", top + "/mnt"
+        gxp.ok("e", "--hosts", "head", "mkdir -p %s %s" % (export, mnt))
+        r = gxp.ok("mount", export, mnt)
+        assert r.stderr == ""
+        r = gxp.ok("e", "echo hi > %s/f-$GXP_NODE_ID; ls %s | wc -l" % (mnt, mnt))
+        assert sorted(os.listdir(export)) == ["f-0", "f-0.1", "f-0.2"]
+        r = gxp.ok("e", "--hosts", "local1", "getfattr --only-values -n user.sshfsmux.location %s/f-0.2"
+                   % mnt)
+        assert r.stdout == "head"
+        gxp.ok("umount")
+        with open("/proc/mounts") as f:
+            assert mnt not in f.read()
+    finally:
+        os.chmod("/dev/fuse", old)
