@@ -393,7 +393,12 @@ class MergedFS(Operations):
     @_safe
     def readlink(self, path: str) -> str:
         v = self._view(path)
-        return v.visible.readlink(path)
+        target = v.visible.readlink(path)
+        if link_escapes(path, target):
+            # The kernel would follow it outside the export (issue #8): refuse.
+            self.log("refused symlink %s -> %s: it leads out of the export" % (path, target))
+            raise _e(errno.EACCES)
+        return target
 
     @_safe
     def access(self, path: str, amode: int) -> int:
@@ -1061,6 +1066,17 @@ def fuse_class() -> type:
                                            new.decode(self.encoding, self.errors), flags)
 
     return _FUSE
+
+
+def link_escapes(path: str, target: str) -> bool:
+    """True when symlink `path` (mount-relative) points outside the mount: an
+    absolute target, or a relative one that climbs above the root."""
+    import posixpath
+    if not target or target.startswith("/"):
+        return True
+    base = posixpath.dirname(path.lstrip("/"))
+    joined = posixpath.normpath(posixpath.join(base, target))
+    return joined == ".." or joined.startswith("../")
 
 
 def run_fuse(fs: MergedFS, mountpoint: str, foreground: bool = True, **options: "Any") -> None:

@@ -254,3 +254,28 @@ def test_gmount_with_local_agents_mounts_once_per_host(gxp, user_bed):
             assert mnt not in f.read()
     finally:
         os.chmod("/dev/fuse", old)
+
+
+def test_gmount_refuses_symlinks_that_leave_the_export(gxp, user_bed):
+    if user_bed is None:
+        pytest.skip("needs root to open /dev/fuse to an ordinary user")
+    import stat as st
+    old = st.S_IMODE(os.stat("/dev/fuse").st_mode)
+    os.chmod("/dev/fuse", 0o666)
+    try:
+        gxp.ok("explore", "--local", "1")
+        top = os.path.dirname(gxp.session_dir)
+        export, mnt = top + "/export", top + "/mnt"
+        gxp.ok("e", "--hosts", "head", "mkdir -p %s/sub %s && echo in > %s/sub/f && cd %s && "
+               "ln -s /etc etc && ln -s ../.. up && ln -s sub inside && ln -s ../sub sub/self"
+               % (export, mnt, export, export))
+        gxp.ok("mount", export, mnt)
+        r = gxp.run("e", "--hosts", "head", "cat %s/etc/passwd" % mnt)
+        assert r.returncode == 1 and "Permission denied" in r.stderr
+        r = gxp.run("e", "--hosts", "head", "ls %s/up/" % mnt)
+        assert r.returncode == 1 and "Permission denied" in r.stderr
+        r = gxp.ok("e", "--hosts", "head", "cat %s/inside/f %s/sub/self/f" % (mnt, mnt))
+        assert r.stdout == "in\nin\n"
+        gxp.ok("umount")
+    finally:
+        os.chmod("/dev/fuse", old)
