@@ -202,3 +202,70 @@ def test_data_channel_on_the_wire(bed, g, cipher):
         assert marker.encode() not in captured
     else:
         assert marker.encode() in captured
+
+
+def _service_port(g):
+    import subprocess
+    pids = set(g.agent_pids())
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    found = [(int(l.split()[3].rsplit(":", 1)[1]), int(l.split("pid=")[1].split(",")[0]))
+             for l in out.splitlines() if any("pid=%d," % p in l for p in pids)]
+    assert len(found) == 1, out
+    return found[0]
+
+
+def test_data_listener_survives_fuzz_and_session_dirs_are_private(bed, g):
+    import random
+    import threading
+    from test_link_auth import send_and_drain
+    g.ok("use", "ssh", "head", "tg*")
+    g.ok("explore", "tg01", "tg02")
+    tag = uuid.uuid4().hex[:6]
+    export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
+    g.ok("e", "mkdir -p %s %s" % (export, mnt))
+    g.ok("mount", export, mnt)
+    port, pid = _service_port(g)
+    rss0 = int([l for l in open("/proc/%d/status" % pid) if l.startswith("VmRSS:")][0].split()[1])
+
+    def attack(seed):
+        r = random.Random(seed)
+        for _ in range(2500):
+            data = bytes(r.getrandbits(8) for _ in range(r.randrange(1, 120)))
+            if r.random() < 0.5:
+                data = b"GXA1\x02fs" + data
+            assert len(send_and_drain(port, data)) in (0, 32)
+
+    threads = [threading.Thread(target=attack, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    runs = 0
+    while any(t.is_alive() for t in threads):
+        assert g.ok("e", "ls %s > /dev/null && echo ok" % mnt).stdout.split() == ["ok"] * 3
+        runs += 1
+    for t in threads:
+        t.join()
+    assert runs >= 2
+    rss1 = int([l for l in open("/proc/%d/status" % pid) if l.startswith("VmRSS:")][0].split()[1])
+    assert rss1 - rss0 < 32 * 1024
+    # The agent's per-session directory on a host (TLS files, replicas) is 0700:
+    # another user on that host cannot list it.
+    other = "gxpo" + uuid.uuid4().hex[:6]
+    bed.add_user(other)
+    try:
+        h = bed.host("tg01")
+        dirs = [d for d in os.listdir(h.tmp_dir) if d.startswith("gxp-")]
+        assert len(dirs) == 1
+        r = h.exec(["ls", "/tmp/" + dirs[0]], user=other, capture_output=True, text=True)
+        assert r.returncode != 0 and "Permission denied" in r.stderr
+        assert stat.S_IMODE(os.stat(os.path.join(h.tmp_dir, dirs[0])).st_mode) == 0o700
+    finally:
+        bed.remove_user(other)
+    # quit without umount: every mount goes, and so does every per-session directory.
+    g.ok("quit")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (head_fuse_mounts(mnt) or any(fuse_mounts(bed, ["tg01", "tg02"]).values())):
+        time.sleep(0.1)
+    assert head_fuse_mounts(mnt) == []
+    assert all(v == [] for v in fuse_mounts(bed, ["tg01", "tg02"]).values())
+    for n in ("tg01", "tg02"):
+        assert [d for d in os.listdir(bed.host(n).tmp_dir) if d.startswith("gxp-")] == []
