@@ -249,6 +249,13 @@ def test_gmount_with_local_agents_mounts_once_per_host(gxp, user_bed):
         r = gxp.ok("e", "--hosts", "local1", "getfattr --only-values -n user.sshfsmux.location %s/f-0.2"
                    % mnt)
         assert r.stdout == "head"
+        # Unmodified programs in the mount: gcc (temporary files, rename, exec), make.
+        import shutil
+        if shutil.which("gcc") and shutil.which("make"):
+            r = gxp.run("e", "--hosts", "local1",
+                        "cd %s && printf 'int main(void){return 7;}\\n' > a.c && "
+                        "printf 'a: a.c\\n\\tgcc -O0 -o a a.c\\n' > Makefile && make -s && ./a" % mnt)
+            assert r.returncode == 1 and "local1 (exit 7)" in r.stderr, r.stderr
         gxp.ok("umount")
         with open("/proc/mounts") as f:
             assert mnt not in f.read()
