@@ -117,7 +117,9 @@ def build_payload(sources: Dict[str, str], codes: "Optional[bytes]" = None) -> T
     program = (_LOADER + "\n_gxp_boot(%r)\n" % (sources,)).encode("utf-8")
     if codes:
         program += b"\0" + codes
-    z = zlib.compress(program, 9)
+    # Level 6, not 9: as small within 1% and 4x cheaper (120 vs 31 ms for the
+    # payload with the mount code, paid by every agent that starts a service).
+    z = zlib.compress(program, 6)
     if len(z) > MAX_PAYLOAD:
         raise ValueError("agent payload too large")
     return hashlib.sha256(z).digest(), z
