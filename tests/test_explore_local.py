@@ -230,59 +230,57 @@ def test_explore_from_cluster_yaml(gxp, shared_tmp):
     assert r.returncode == 2 and r.stderr.startswith("gxpc: %s:2: " % bad)
 
 
-def test_gmount_with_local_agents_mounts_once_per_host(gxp, user_bed):
+@pytest.fixture
+def fuse_for_users(user_bed):
+    """/dev/fuse open to ordinary users, as on real systems (0600 on this machine)."""
+    if user_bed is None:
+        pytest.skip("needs root to open /dev/fuse to an ordinary user")
+    import stat as st
+    old = st.S_IMODE(os.stat("/dev/fuse").st_mode)
+    os.chmod("/dev/fuse", 0o666)
+    try:
+        yield
+    finally:
+        os.chmod("/dev/fuse", old)
+
+
+def test_gmount_with_local_agents_mounts_once_per_host(gxp, fuse_for_users):
     """Local agents share the head's machine: one mount serves them all."""
-    if user_bed is None:
-        pytest.skip("needs root to open /dev/fuse to an ordinary user")
-    import stat as st
-    old = st.S_IMODE(os.stat("/dev/fuse").st_mode)
-    os.chmod("/dev/fuse", 0o666)
-    try:
-        gxp.ok("explore", "--local", "2")
-        top = os.path.dirname(gxp.session_dir)
-        export, mnt = top + "/export", top + "/mnt"
-        gxp.ok("e", "--hosts", "head", "mkdir -p %s %s" % (export, mnt))
-        r = gxp.ok("mount", export, mnt)
-        assert r.stderr == ""
-        r = gxp.ok("e", "echo hi > %s/f-$GXP_NODE_ID; ls %s | wc -l" % (mnt, mnt))
-        assert sorted(os.listdir(export)) == ["f-0", "f-0.1", "f-0.2"]
-        r = gxp.ok("e", "--hosts", "local1", "getfattr --only-values -n user.sshfsmux.location %s/f-0.2"
-                   % mnt)
-        assert r.stdout == "head"
-        # Unmodified programs in the mount: gcc (temporary files, rename, exec), make.
-        import shutil
-        if shutil.which("gcc") and shutil.which("make"):
-            r = gxp.run("e", "--hosts", "local1",
-                        "cd %s && printf 'int main(void){return 7;}\\n' > a.c && "
-                        "printf 'a: a.c\\n\\tgcc -O0 -o a a.c\\n' > Makefile && make -s && ./a" % mnt)
-            assert r.returncode == 1 and "local1 (exit 7)" in r.stderr, r.stderr
-        gxp.ok("umount")
-        with open("/proc/mounts") as f:
-            assert mnt not in f.read()
-    finally:
-        os.chmod("/dev/fuse", old)
+    gxp.ok("explore", "--local", "2")
+    top = os.path.dirname(gxp.session_dir)
+    export, mnt = top + "/export", top + "/mnt"
+    gxp.ok("e", "--hosts", "head", "mkdir -p %s %s" % (export, mnt))
+    r = gxp.ok("mount", export, mnt)
+    assert r.stderr == ""
+    r = gxp.ok("e", "echo hi > %s/f-$GXP_NODE_ID; ls %s | wc -l" % (mnt, mnt))
+    assert sorted(os.listdir(export)) == ["f-0", "f-0.1", "f-0.2"]
+    r = gxp.ok("e", "--hosts", "local1", "getfattr --only-values -n user.sshfsmux.location %s/f-0.2"
+               % mnt)
+    assert r.stdout == "head"
+    # Unmodified programs in the mount: gcc (temporary files, rename, exec), make.
+    import shutil
+    if shutil.which("gcc") and shutil.which("make"):
+        r = gxp.run("e", "--hosts", "local1",
+                    "cd %s && printf 'int main(void){return 7;}\\n' > a.c && "
+                    "printf 'a: a.c\\n\\tgcc -O0 -o a a.c\\n' > Makefile && make -s && ./a" % mnt)
+        assert r.returncode == 1 and "local1 (exit 7)" in r.stderr, r.stderr
+    gxp.ok("umount")
+    with open("/proc/mounts") as f:
+        assert mnt not in f.read()
 
 
-def test_gmount_refuses_symlinks_that_leave_the_export(gxp, user_bed):
-    if user_bed is None:
-        pytest.skip("needs root to open /dev/fuse to an ordinary user")
-    import stat as st
-    old = st.S_IMODE(os.stat("/dev/fuse").st_mode)
-    os.chmod("/dev/fuse", 0o666)
-    try:
-        gxp.ok("explore", "--local", "1")
-        top = os.path.dirname(gxp.session_dir)
-        export, mnt = top + "/export", top + "/mnt"
-        gxp.ok("e", "--hosts", "head", "mkdir -p %s/sub %s && echo in > %s/sub/f && cd %s && "
-               "ln -s /etc etc && ln -s ../.. up && ln -s sub inside && ln -s ../sub sub/self"
-               % (export, mnt, export, export))
-        gxp.ok("mount", export, mnt)
-        r = gxp.run("e", "--hosts", "head", "cat %s/etc/passwd" % mnt)
-        assert r.returncode == 1 and "Permission denied" in r.stderr
-        r = gxp.run("e", "--hosts", "head", "ls %s/up/" % mnt)
-        assert r.returncode == 1 and "Permission denied" in r.stderr
-        r = gxp.ok("e", "--hosts", "head", "cat %s/inside/f %s/sub/self/f" % (mnt, mnt))
-        assert r.stdout == "in\nin\n"
-        gxp.ok("umount")
-    finally:
-        os.chmod("/dev/fuse", old)
+def test_gmount_refuses_symlinks_that_leave_the_export(gxp, fuse_for_users):
+    gxp.ok("explore", "--local", "1")
+    top = os.path.dirname(gxp.session_dir)
+    export, mnt = top + "/export", top + "/mnt"
+    gxp.ok("e", "--hosts", "head", "mkdir -p %s/sub %s && echo in > %s/sub/f && cd %s && "
+           "ln -s /etc etc && ln -s ../.. up && ln -s sub inside && ln -s ../sub sub/self"
+           % (export, mnt, export, export))
+    gxp.ok("mount", export, mnt)
+    r = gxp.run("e", "--hosts", "head", "cat %s/etc/passwd" % mnt)
+    assert r.returncode == 1 and "Permission denied" in r.stderr
+    r = gxp.run("e", "--hosts", "head", "ls %s/up/" % mnt)
+    assert r.returncode == 1 and "Permission denied" in r.stderr
+    r = gxp.ok("e", "--hosts", "head", "cat %s/inside/f %s/sub/self/f" % (mnt, mnt))
+    assert r.stdout == "in\nin\n"
+    gxp.ok("umount")
