@@ -36,27 +36,21 @@ depth, not N".
 
 Everything is cleaned up whatever happens (Ctrl-C, SIGTERM, errors): sessions are
 quit, leftover processes of the bench user are killed, session directories removed,
-the bed torn down. Standard library only, plus tests/testbed.py.
+the bed torn down. Standard library only, plus tests/testbed.py and benchmarks/bench_harness.py.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import time
 import uuid
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "tests"))
+from bench_harness import (Bench, BenchError, cpu_busy, log, main_driver, proc_cmdline, proc_cpu,
+                           ratio_text, user_pids, value_text)
 
-import testbed  # noqa: E402
-
-VENV = os.environ.get("GXP_VENV", "/opt/gxpstyle/venv")
-GXPC = os.path.join(VENV, "bin", "gxpc")
 N_HOSTS = 32
 HOST_CASES = (8, 16, 32)
 LOCAL_CASES = (64, 256)
@@ -92,119 +86,33 @@ print("%.6f" % dt)
 """
 
 
-class BenchError(RuntimeError):
-    pass
+class ExploreBench(Bench):
+    name = "explore.py"
+    call_timeout = CALL_TIMEOUT
 
-
-class Interrupted(BaseException):
-    """SIGTERM/SIGHUP, turned into an exception so that the finally blocks run."""
-
-
-def _on_term(signum, frame):
-    raise Interrupted("signal %d" % signum)
-
-
-def user_pids(uid: int) -> list:
-    """Live processes of uid (any host of the bed shares our pid namespace)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/status" % entry) as f:
-                status = f.read()
-        except OSError:
-            continue
-        state = uids = None
-        for line in status.splitlines():
-            if line.startswith("State:"):
-                state = line.split()[1]
-            elif line.startswith("Uid:"):
-                uids = [int(x) for x in line.split()[1:4]]
-        if state and uids and state not in "ZX" and uid in uids:
-            out.append(int(entry))
-    return out
-
-
-def cpu_busy() -> tuple:
-    """(busy, total) jiffies of the whole machine, from /proc/stat."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + (v[4] if len(v) > 4 else 0)
-    total = sum(v[:8])
-    return total - idle, total
-
-
-def proc_cpu(pid: int) -> "float | None":
-    """utime + stime of pid in seconds."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def proc_cmdline(pid: int) -> str:
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-class Bench:
     def __init__(self, reps: int, quick: bool, log) -> None:
+        super().__init__(log)
         self.reps = reps
         self.quick = quick
-        self.log = log
-        self.bed: "testbed.TestBed | None" = None
-        self.user = None
-        self.session = None          # the session currently open (a dir), if any
-        self.tops: list = []         # /tmp/gxpbench-* made by us
-        self.samples: dict = {}      # key -> [seconds]
-        self.info: dict = {}         # key -> text (depths, node counts)
-        self.odd: list = []          # things worth reporting
+        # self.made_dirs: the /tmp/gxpbench-* of the sessions; self.info: depths, node counts
 
     # -- helpers -----------------------------------------------------------
-    def add(self, key: str, value: float) -> None:
-        self.samples.setdefault(key, []).append(value)
-
-    def med(self, key: str):
-        v = self.samples.get(key)
-        return statistics.median(v) if v else None
-
-    def env(self) -> dict:
-        return {"PATH": os.path.join(VENV, "bin") + ":/usr/local/bin:/usr/bin:/bin"}
-
     def anchor(self, mode: str, kind: str, args, key: "str | None" = None) -> float:
-        b0, t0 = cpu_busy()
+        b0 = cpu_busy()
         r = self.bed.run_as(self.user.name, ["python3", "-c", ANCHOR, mode, kind] + [str(a) for a in args],
                             capture_output=True, text=True, timeout=CALL_TIMEOUT)
         if r.returncode != 0:
             raise BenchError("anchor %s %s failed (%d): %s%s" % (mode, kind, r.returncode, r.stdout, r.stderr))
-        b1, t1 = cpu_busy()
+        b1 = cpu_busy()
         dt = float(r.stdout.split()[-1])
         if key:
             self.add(key, dt)
-            self.add(key + " busy", (b1 - b0) / max(1, t1 - t0))
-            self.add(key + " cpu s", (b1 - b0) / os.sysconf("SC_CLK_TCK"))
+            self.add_cpu(key, b0, b1)
         return dt
-
-    def gxpc(self, *args, check: bool = True):
-        argv = [GXPC, "--session", self.session] + [str(a) for a in args]
-        t0 = time.monotonic()
-        r = self.bed.run_as(self.user.name, argv, env=self.env(), capture_output=True, text=True,
-                            timeout=CALL_TIMEOUT)
-        dt = time.monotonic() - t0
-        if check and r.returncode != 0:
-            raise BenchError("gxpc %s failed (%d):\n%s%s" % (" ".join(map(str, args)), r.returncode,
-                                                            r.stdout, r.stderr))
-        return dt, r
 
     def new_session(self) -> None:
         top = "/tmp/gxpbench-" + uuid.uuid4().hex[:10]
-        self.tops.append(top)
+        self.made_dirs.append(top)
         self.session = os.path.join(top, "session")
 
     def close_session(self, key: "str | None" = None) -> None:
@@ -214,35 +122,21 @@ class Bench:
             return
         sess = self.session
         try:
-            dt, r = self.gxpc("quit", check=False)
-            if r.returncode != 0:
-                self.odd.append("gxpc quit exited %d: %s" % (r.returncode, (r.stderr or r.stdout).strip()))
-            elif key:
+            dt, r = self.quit_session()
+            if r.returncode == 0 and key:
                 self.add(key, dt)
         finally:
             self.session = None
             t0 = time.monotonic()
-            while user_pids(self.user.uid) and time.monotonic() - t0 < 10:
-                time.sleep(0.05)
-            left = user_pids(self.user.uid)
+            left = self.settle()
             if left:
-                self.odd.append("%d processes of the user survived quit by 10 s (killed): %s"
-                                % (len(left), self.describe(left)))
-                for pid in left:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                self.kill_survivors(left)
             elif key:
                 self.add(key + " drained", time.monotonic() - t0)
             top = os.path.dirname(sess)
             if os.path.exists(sess):
                 self.odd.append("session directory %s still there after quit" % sess)
             shutil.rmtree(top, ignore_errors=True)
-
-    @staticmethod
-    def describe(pids) -> str:
-        return "; ".join("%d %s" % (pid, proc_cmdline(pid)[:80]) for pid in pids[:5])
 
     def tree_shape(self) -> tuple:
         """(nodes up, lost, max depth) from `gxpc stat`."""
@@ -261,12 +155,8 @@ class Bench:
             self.add(case + " session start", dt)
             for rule in rules[1:]:
                 self.gxpc("use", *rule)
-            b0, t0 = cpu_busy()
-            dt, r = self.gxpc("explore", *explore_args)
-            b1, t1 = cpu_busy()
+            dt, r = self.timed(case + " explore", lambda: self.gxpc("explore", *explore_args))
             self.add(case + " explore", dt)
-            self.add(case + " explore busy", (b1 - b0) / max(1, t1 - t0))
-            self.add(case + " explore cpu s", (b1 - b0) / os.sysconf("SC_CLK_TCK"))
             # CPU each agent spent so far (its start-up: it has been idle since).
             agents = [proc_cpu(p) for p in user_pids(self.user.uid) if "gxp-agent" in proc_cmdline(p)]
             agents = [c for c in agents if c is not None]
@@ -322,17 +212,9 @@ class Bench:
 
     # -- driver ------------------------------------------------------------
     def setup(self) -> None:
-        missing = testbed.requirements_missing()
-        if missing:
-            raise BenchError(missing)
-        if not os.access(GXPC, os.X_OK):
-            raise BenchError("%s is not installed (run scripts/install)" % GXPC)
-        self.bed = testbed.TestBed()
-        t0 = time.monotonic()
-        self.bed.up(["tb%02d" % i for i in range(1, N_HOSTS + 1)], hide_paths=[REPO, VENV])
-        self.user = self.bed.add_user("gxpbench" + uuid.uuid4().hex[:6])
-        self.log("test bed of %d hosts and user %s up in %.1fs"
-                 % (N_HOSTS, self.user.name, time.monotonic() - t0))
+        self.check_installed()
+        dt = self.bed_up(["tb%02d" % i for i in range(1, N_HOSTS + 1)], "gxpbench")
+        self.log("test bed of %d hosts and user %s up in %.1fs" % (N_HOSTS, self.user.name, dt))
         # Warm-up, not counted: first ssh to each host (sshd's first fork, page cache).
         self.anchor("par", "ssh", ["tb%02d" % i for i in range(1, N_HOSTS + 1)])
 
@@ -341,16 +223,9 @@ class Bench:
             self.rep_hosts(rep)
             self.rep_local(rep)
 
-    def cleanup(self) -> None:
-        try:
-            if self.session is not None and self.bed is not None and self.user is not None:
-                self.close_session()
-        except BaseException as e:   # keep going: the bed must go
-            print("explore.py: quitting the session failed: %s" % e, file=sys.stderr)
-        for top in self.tops:
-            shutil.rmtree(top, ignore_errors=True)
-        if self.bed is not None:
-            self.bed.teardown()   # kills every process of the user and removes it
+    def release(self) -> None:
+        if self.session is not None:
+            self.guarded("quitting the session", self.close_session)
 
     # -- report ------------------------------------------------------------
     def rows(self) -> list:
@@ -386,9 +261,8 @@ class Bench:
         out.append("%-*s %-18s %10s %10s %8s" % (w, "case", "anchor", "anchor s", "ours s", "ratio"))
         out.append("-" * (w + 50))
         for case, what, a, o in self.rows():
-            ratio = "%.2f" % (o / a) if (a and o is not None) else "-"
-            out.append("%-*s %-18s %10s %10s %8s" % (w, case, what, "%.3f" % a if a is not None else "-",
-                                                      "%.3f" % o if o is not None else "-", ratio))
+            out.append("%-*s %-18s %10s %10s %8s" % (w, case, what, value_text("%.3f", a), value_text("%.3f", o),
+                                                      ratio_text(a, o)))
         out.append("")
         out.append("where the time goes (medians; machine has %d CPUs; busy = share of all CPUs while timed):"
                    % os.cpu_count())
@@ -448,14 +322,7 @@ class Bench:
                        "parallel ssh does on this one machine: the growth is the shared CPU, not ours")
         else:
             out.append("  GOAL DOES NOT HOLD")
-        if self.odd:
-            out.append("")
-            out.append("noticed:")
-            seen = set()
-            for o in self.odd:
-                if o not in seen:
-                    seen.add(o)
-                    out.append("  - " + o)
+        out += self.noticed_lines()
         print("\n".join(out))
         return holds
 
@@ -469,43 +336,7 @@ def main(argv=None) -> int:
         a.reps = 1
     if a.reps < 1:
         p.error("--reps must be >= 1")
-    if os.geteuid() != 0:
-        print("explore.py: run as root (the test bed needs it)", file=sys.stderr)
-        return 2
-    # Install our own handlers first: the bed then leaves them alone, and the
-    # finally below (quit, teardown) runs on SIGTERM/SIGHUP as on Ctrl-C.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _on_term)
-
-    def log(text):
-        print(text, file=sys.stderr, flush=True)
-
-    bench = Bench(a.reps, a.quick, log)
-    t0 = time.monotonic()
-    status = 0
-    try:
-        bench.setup()
-        bench.run()
-    except (KeyboardInterrupt, Interrupted) as e:
-        log("explore.py: interrupted (%s); cleaning up" % (str(e) or "Ctrl-C"))
-        status = 130
-    except (BenchError, testbed.TestBedError, subprocess.TimeoutExpired) as e:
-        log("explore.py: %s" % e)
-        status = 1
-    finally:
-        # No second interruption half way through the clean-up.
-        old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-        try:
-            bench.cleanup()
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-    if status == 0:
-        holds = bench.report()
-        print("total run time %.0fs" % (time.monotonic() - t0))
-        # The goal not holding is a result, not a failure of the benchmark.
-        _ = holds
-    return status
+    return main_driver(ExploreBench, a.reps, a.quick, log, odd_on_failure=False)
 
 
 if __name__ == "__main__":

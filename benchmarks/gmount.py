@@ -35,28 +35,18 @@ lower is better), where the CPU went, and whether the goal of the issue holds:
 
 Everything is cleaned up whatever happens (Ctrl-C, SIGTERM, errors): GMounts are
 unmounted, anchor mounts unmounted, sessions quit, the bed torn down, /dev/fuse's
-mode restored. Standard library only, plus tests/testbed.py.
+mode restored. Standard library only, plus tests/testbed.py and benchmarks/bench_harness.py.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import shutil
-import signal
-import stat
-import statistics
-import subprocess
 import sys
-import time
 import uuid
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "tests"))
+from bench_harness import Bench, BenchError, fuse_at, log, main_driver, ratio_text, user_pids, value_text
 
-import testbed  # noqa: E402
-
-VENV = os.environ.get("GXP_VENV", "/opt/gxpstyle/venv")
-GXPC = os.path.join(VENV, "bin", "gxpc")
 N_HOSTS = 32
 HOST_CASES = (8, 16, 32)
 GOAL_S = 2.0
@@ -79,104 +69,19 @@ print("%.6f" % dt)
 """
 
 
-class BenchError(RuntimeError):
-    pass
+class GMountBench(Bench):
+    name = "gmount.py"
+    call_timeout = CALL_TIMEOUT
 
-
-class Interrupted(BaseException):
-    """SIGTERM/SIGHUP, turned into an exception so that the finally blocks run."""
-
-
-def _on_term(signum, frame):
-    raise Interrupted("signal %d" % signum)
-
-
-def user_pids(uid: int) -> list:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/status" % entry) as f:
-                status = f.read()
-        except OSError:
-            continue
-        state = uids = None
-        for line in status.splitlines():
-            if line.startswith("State:"):
-                state = line.split()[1]
-            elif line.startswith("Uid:"):
-                uids = [int(x) for x in line.split()[1:4]]
-        if state and uids and state not in "ZX" and uid in uids:
-            out.append(int(entry))
-    return out
-
-
-def cpu_busy() -> tuple:
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + (v[4] if len(v) > 4 else 0)
-    total = sum(v[:8])
-    return total - idle, total
-
-
-def proc_cmdline(pid: int) -> str:
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def fuse_at(lines, mp: str) -> bool:
-    return any(len(l.split()) > 2 and l.split()[1] == mp and l.split()[2].startswith("fuse") for l in lines)
-
-
-class Bench:
     def __init__(self, a, log) -> None:
+        super().__init__(log)
         self.a = a
-        self.log = log
         self.tag = uuid.uuid4().hex[:8]
         self.top = "/tmp/gxpbench-" + self.tag
-        self.bed: "testbed.TestBed | None" = None
-        self.user = None
-        self.fuse_mode = None
-        self.session = None
+        self.mount_tag = "gxpbench-" + self.tag   # head mounts left with it are unmounted on clean-up
         self.gmounted = None          # mountpoint of the open session's GMount
         self.anchor_mounted: list = []  # hosts that may have the anchor's sshfs mount
         self.anchor_mp = None
-        self.samples: dict = {}
-        self.info: dict = {}
-        self.odd: list = []
-
-    def add(self, key, value):
-        self.samples.setdefault(key, []).append(value)
-
-    def med(self, key):
-        v = self.samples.get(key)
-        return statistics.median(v) if v else None
-
-    def env(self) -> dict:
-        return {"PATH": os.path.join(VENV, "bin") + ":/usr/local/bin:/usr/bin:/bin"}
-
-    def gxpc(self, *args, check=True, timeout=CALL_TIMEOUT):
-        argv = [GXPC, "--session", self.session] + [str(a) for a in args]
-        t0 = time.monotonic()
-        r = self.bed.run_as(self.user.name, argv, env=self.env(), capture_output=True, text=True,
-                            timeout=timeout)
-        dt = time.monotonic() - t0
-        if check and r.returncode != 0:
-            raise BenchError("gxpc %s failed (%d):\n%s%s" % (" ".join(map(str, args)), r.returncode,
-                                                            r.stdout, r.stderr))
-        return dt, r
-
-    def timed(self, key, fn):
-        b0, t0 = cpu_busy()
-        out = fn()
-        b1, t1 = cpu_busy()
-        self.add(key + " busy", (b1 - b0) / max(1, t1 - t0))
-        self.add(key + " cpu s", (b1 - b0) / os.sysconf("SC_CLK_TCK"))
-        return out
 
     def anchor(self, cmd: str, hosts) -> float:
         r = self.bed.run_as(self.user.name, ["python3", "-c", ANCHOR, cmd] + list(hosts),
@@ -201,13 +106,6 @@ class Bench:
             if fuse_at(f.read().splitlines(), mp):
                 out.append("head")
         return out
-
-    def settle(self, want: int, timeout=10.0) -> int:
-        """Wait until the user has at most `want` processes; return the count."""
-        t0 = time.monotonic()
-        while len(user_pids(self.user.uid)) > want and time.monotonic() - t0 < timeout:
-            time.sleep(0.05)
-        return len(user_pids(self.user.uid))
 
     # -- one size ------------------------------------------------------------
     def case(self, n: int) -> None:
@@ -260,7 +158,7 @@ class Bench:
                 left = self.mounted_on(names, mnt)
                 if left:
                     raise BenchError("%s: GMount left on %s after umount" % (c, left))
-                now = self.settle(base)
+                now = len(self.settle(base))
                 if now > base:
                     self.odd.append("%s: %d processes of the user more than before the mount, 10 s after "
                                     "umount" % (c, now - base))
@@ -286,41 +184,23 @@ class Bench:
                 if r.returncode != 0:
                     self.odd.append("gxpc umount exited %d: %s" % (r.returncode, (r.stderr or r.stdout).strip()))
                 self.gmounted = None
-            dt, r = self.gxpc("quit", check=False)
-            if r.returncode != 0:
-                self.odd.append("gxpc quit exited %d: %s" % (r.returncode, (r.stderr or r.stdout).strip()))
+            self.quit_session()
         finally:
             self.session = None
-            if self.settle(0) > 0:
-                left = user_pids(self.user.uid)
-                self.odd.append("%d processes of the user survived quit by 10 s (killed): %s" % (
-                    len(left), "; ".join("%d %s" % (p, proc_cmdline(p)[:80]) for p in left[:5])))
-                for p in left:
-                    try:
-                        os.kill(p, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+            left = self.settle()
+            if left:
+                self.kill_survivors(left)
 
     # -- driver ------------------------------------------------------------
     def setup(self) -> None:
-        missing = testbed.requirements_missing()
-        if missing:
-            raise BenchError(missing)
-        if not os.access(GXPC, os.X_OK):
-            raise BenchError("%s is not installed (run scripts/install)" % GXPC)
+        self.check_installed()
         if not shutil.which("sshfs"):
             raise BenchError("sshfs is not installed (for the anchor)")
-        self.fuse_mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
-        os.chmod("/dev/fuse", 0o666)
-        self.bed = testbed.TestBed()
-        t0 = time.monotonic()
-        self.bed.up(["tb%02d" % i for i in range(1, N_HOSTS + 1)], bw=self.a.bw,
-                    hide_paths=[REPO, VENV])
-        self.user = self.bed.add_user("gxpgm" + uuid.uuid4().hex[:6])
-        os.makedirs(self.top, 0o755)
-        os.chown(self.top, self.user.uid, self.user.gid)
+        self.open_fuse()
+        dt = self.bed_up(["tb%02d" % i for i in range(1, N_HOSTS + 1)], "gxpgm", bw=self.a.bw)
+        self.make_dir(self.top)
         self.log("test bed of %d hosts (links %s) and user %s up in %.1fs"
-                 % (N_HOSTS, self.a.bw or "unshaped", self.user.name, time.monotonic() - t0))
+                 % (N_HOSTS, self.a.bw or "unshaped", self.user.name, dt))
         # warm-up, not counted: first ssh to every host
         self.anchor("true", ["tb%02d" % i for i in range(1, N_HOSTS + 1)])
 
@@ -328,22 +208,8 @@ class Bench:
         for n in HOST_CASES:
             self.case(n)
 
-    def cleanup(self) -> None:
-        try:
-            if self.bed is not None and self.user is not None:
-                self.close_session()
-        except BaseException as e:
-            print("gmount.py: closing the session failed: %s" % e, file=sys.stderr)
-        with open("/proc/mounts") as f:
-            for line in f:
-                if "gxpbench-" + self.tag in line:
-                    self.odd.append("mount left on the head (lazily unmounted): " + line.strip())
-                    subprocess.run(["umount", "-l", line.split()[1]], capture_output=True)
-        if self.bed is not None:
-            self.bed.teardown()
-        shutil.rmtree(self.top, ignore_errors=True)
-        if self.fuse_mode is not None:
-            os.chmod("/dev/fuse", self.fuse_mode)
+    def release(self) -> None:
+        self.guarded("closing the session", self.close_session)
 
     # -- report ------------------------------------------------------------
     def report(self) -> None:
@@ -361,10 +227,8 @@ class Bench:
                     ("e true", "-", None, " e")):
                 a = self.med(c + akey) if akey else None
                 v = self.med(c + okey)
-                ratio = "%.2f" % (v / a) if (a and v is not None) else "-"
-                o.append("%-*s %-22s %10s %10s %8s" % (w, lab + " " + what, anchor,
-                                                       "%.3f" % a if a is not None else "-",
-                                                       "%.3f" % v if v is not None else "-", ratio))
+                o.append("%-*s %-22s %10s %10s %8s" % (w, lab + " " + what, anchor, value_text("%.3f", a),
+                                                       value_text("%.3f", v), ratio_text(a, v)))
         o.append("  (ratio = ours / anchor, lower is better; medians over %d reps, 'mount' over reps 2..%d)"
                  % (self.a.reps, self.a.reps))
         o.append("")
@@ -399,14 +263,7 @@ class Bench:
                 t32 / t8, (self.med("hosts32 ssh sshfs") or 0) / (self.med("hosts8 ssh sshfs") or 1)))
         holds = all(yn(v) == "yes" for v in (t32, f32, u32))
         o.append("  GOAL HOLDS" if holds else "  GOAL DOES NOT HOLD")
-        if self.odd:
-            o.append("")
-            o.append("noticed:")
-            seen = set()
-            for x in self.odd:
-                if x not in seen:
-                    seen.add(x)
-                    o.append("  - " + x)
+        o += self.noticed_lines()
         print("\n".join(o))
 
 
@@ -422,40 +279,7 @@ def main(argv=None) -> int:
         p.error("--reps must be >= 2 (the first mount of a session is reported apart)")
     if a.bw in ("none", ""):
         a.bw = None
-    if os.geteuid() != 0:
-        print("gmount.py: run as root (the test bed needs it)", file=sys.stderr)
-        return 2
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _on_term)
-
-    def log(text):
-        print(text, file=sys.stderr, flush=True)
-
-    bench = Bench(a, log)
-    t0 = time.monotonic()
-    status = 0
-    try:
-        bench.setup()
-        bench.run()
-    except (KeyboardInterrupt, Interrupted) as e:
-        log("gmount.py: interrupted (%s); cleaning up" % (str(e) or "Ctrl-C"))
-        status = 130
-    except (BenchError, testbed.TestBedError, subprocess.TimeoutExpired) as e:
-        log("gmount.py: %s" % e)
-        status = 1
-    finally:
-        old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-        try:
-            bench.cleanup()
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-    if status == 0:
-        bench.report()
-        print("total run time %.0fs" % (time.monotonic() - t0))
-    elif bench.odd:
-        log("noticed: " + "; ".join(bench.odd))
-    return status
+    return main_driver(GMountBench, a, log)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ for the large-file and direct-channel cases (each 1 GiB pass takes about 90 s at
 Everything is cleaned up whatever happens (Ctrl-C, SIGTERM, errors): every mount
 is unmounted (head and hosts), the session is unmounted and quit, the bed torn
 down, the bench directories removed and /dev/fuse's mode restored. Standard
-library only, plus tests/testbed.py.
+library only, plus tests/testbed.py and benchmarks/bench_harness.py.
 """
 from __future__ import annotations
 
@@ -74,22 +74,16 @@ import argparse
 import os
 import re
 import shutil
-import signal
 import socket
-import stat
 import statistics
 import subprocess
 import sys
 import time
 import uuid
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "tests"))
+from bench_harness import (VENV, Bench, BenchError, busy_share, cpu_busy, describe, fuse_mounts, log,
+                           main_driver, proc_cmdline, proc_cpu, ratio_text, user_pids, value_text)
 
-import testbed  # noqa: E402
-
-VENV = os.environ.get("GXP_VENV", "/opt/gxpstyle/venv")
-GXPC = os.path.join(VENV, "bin", "gxpc")
 SSHFSM = os.path.join(VENV, "bin", "sshfsm")
 FUSERMOUNT = shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount3"
 SSHFS = shutil.which("sshfs") or "/usr/bin/sshfs"
@@ -179,67 +173,6 @@ else:
 """
 
 
-class BenchError(RuntimeError):
-    pass
-
-
-class Interrupted(BaseException):
-    """SIGTERM/SIGHUP, turned into an exception so that the finally blocks run."""
-
-
-def _on_term(signum, frame):
-    raise Interrupted("signal %d" % signum)
-
-
-def user_pids(uid: int) -> list:
-    """Live processes of uid (any host of the bed shares our pid namespace)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/status" % entry) as f:
-                status = f.read()
-        except OSError:
-            continue
-        state = uids = None
-        for line in status.splitlines():
-            if line.startswith("State:"):
-                state = line.split()[1]
-            elif line.startswith("Uid:"):
-                uids = [int(x) for x in line.split()[1:4]]
-        if state and uids and state not in "ZX" and uid in uids:
-            out.append(int(entry))
-    return out
-
-
-def cpu_busy() -> tuple:
-    """(busy, total) jiffies of the whole machine, from /proc/stat."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + (v[4] if len(v) > 4 else 0)
-    total = sum(v[:8])
-    return total - idle, total
-
-
-def proc_cpu(pid: int) -> "float | None":
-    """utime + stime of pid in seconds."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def proc_cmdline(pid: int) -> str:
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def fs_type(path: str) -> str:
     """File system type of the mount holding path (longest mount prefix)."""
     path = os.path.realpath(path)
@@ -253,10 +186,6 @@ def fs_type(path: str) -> str:
     return kind
 
 
-def fuse_mounts(mounts_text: str) -> list:
-    return [l for l in mounts_text.splitlines() if len(l.split()) > 2 and l.split()[2].startswith("fuse")]
-
-
 def dd_seconds(r: subprocess.CompletedProcess, what: str) -> float:
     m = re.search(r"copied, ([0-9.]+) s", r.stderr or "") or re.search(r"copied, ([0-9.]+) s", r.stdout or "")
     if r.returncode != 0 or not m:
@@ -264,33 +193,23 @@ def dd_seconds(r: subprocess.CompletedProcess, what: str) -> float:
     return float(m.group(1))
 
 
-class Bench:
+class MountBench(Bench):
+    name = "mount.py"
+    call_timeout = CALL_TIMEOUT
+    leftover_fuse_only = True
+
     def __init__(self, a, log) -> None:
+        super().__init__(log)
         self.a = a
-        self.log = log
         self.tag = uuid.uuid4().hex[:8]
-        self.bed: "testbed.TestBed | None" = None
-        self.user = None
-        self.fuse_mode = None            # /dev/fuse mode to restore
+        self.mount_tag = "gxpbench-" + self.tag         # head mounts left with it are unmounted on clean-up
         self.top = "/tmp/gxpbench-" + self.tag          # head: session, mountpoints, exports
         self.work = "/var/tmp/gxpbench-" + self.tag     # real disk: source file, tool, local dir
-        self.made_dirs: list = []
-        self.session = None
         self.gmounted: list = []         # mountpoints of the session's GMount
         self.head_mounts: list = []      # our/sshfs mounts on the head
         self.host_mounts: list = []      # (host, mountpoint) sshfs mounts on hosts
-        self.samples: dict = {}
-        self.info: dict = {}
-        self.odd: list = []
 
     # -- helpers -----------------------------------------------------------
-    def add(self, key: str, value: float) -> None:
-        self.samples.setdefault(key, []).append(value)
-
-    def med(self, key: str):
-        v = self.samples.get(key)
-        return statistics.median(v) if v else None
-
     @property
     def src(self) -> str:
         return os.path.join(self.work, "src")
@@ -300,7 +219,7 @@ class Bench:
         return os.path.join(self.work, "tool.py")
 
     def env(self) -> dict:
-        return {"PATH": os.path.join(VENV, "bin") + ":/usr/local/bin:/usr/bin:/bin", "LANG": "C"}
+        return dict(super().env(), LANG="C")
 
     def as_user(self, argv, timeout=CALL_TIMEOUT, check=True, what=None):
         r = self.bed.run_as(self.user.name, argv, env=self.env(), capture_output=True, text=True,
@@ -318,17 +237,6 @@ class Bench:
             raise BenchError("%s: %s failed (%d): %s%s" % (host, what or argv, r.returncode, r.stdout,
                                                            r.stderr))
         return r
-
-    def gxpc(self, *args, check=True, timeout=CALL_TIMEOUT):
-        argv = [GXPC, "--session", self.session] + [str(a) for a in args]
-        t0 = time.monotonic()
-        r = self.bed.run_as(self.user.name, argv, env=self.env(), capture_output=True, text=True,
-                            timeout=timeout)
-        dt = time.monotonic() - t0
-        if check and r.returncode != 0:
-            raise BenchError("gxpc %s failed (%d):\n%s%s" % (" ".join(map(str, args)), r.returncode,
-                                                            r.stdout, r.stderr))
-        return dt, r
 
     def drop_caches(self) -> None:
         os.sync()
@@ -363,8 +271,8 @@ class Bench:
         """CPU used since `before`: the user's processes alive at the end (long-lived
         ones: mount daemons, ssh, sshd/sftp-server, agents; short commands like dd
         that already exited are not in it) and the machine's busy share."""
-        (b0, t0), cpu0, _ = before
-        b1, t1 = cpu_busy()
+        busy0, cpu0, _ = before
+        busy1 = cpu_busy()
         used = 0.0
         for p in user_pids(self.user.uid):
             c = proc_cpu(p)
@@ -372,7 +280,7 @@ class Bench:
                 continue
             used += c - (cpu0.get(p) or 0.0)
         self.add(key + " ucpu", used)
-        self.add(key + " busy", (b1 - b0) / max(1, t1 - t0))
+        self.add(key + " busy", busy_share(busy0, busy1))
 
     # -- mounts --------------------------------------------------------------
     def head_mount(self, kind: str, spec: str, mp: str) -> None:
@@ -680,20 +588,13 @@ class Bench:
                 if r.returncode != 0:
                     self.odd.append("gxpc umount %s exited %d: %s" % (mnt, r.returncode, (r.stderr or r.stdout).strip()))
                 self.gmounted.remove(mnt)
-            dt, r = self.gxpc("quit", check=False)
-            if r.returncode != 0:
-                self.odd.append("gxpc quit exited %d: %s" % (r.returncode, (r.stderr or r.stdout).strip()))
+            self.quit_session()
         finally:
             self.session = None
 
     # -- driver ------------------------------------------------------------
     def setup(self) -> None:
-        missing = testbed.requirements_missing()
-        if missing:
-            raise BenchError(missing)
-        for p in (GXPC, SSHFSM):
-            if not os.access(p, os.X_OK):
-                raise BenchError("%s is not installed (run scripts/install)" % p)
+        self.check_installed(SSHFSM)
         if not os.access(SSHFS, os.X_OK):
             raise BenchError("sshfs is not installed (apt-get install sshfs)")
         if not os.path.exists("/dev/fuse"):
@@ -703,17 +604,11 @@ class Bench:
         if kind in ("tmpfs", "ramfs", "overlay"):
             raise BenchError("/var/tmp is %s, not a disk: no local-disk anchor here" % kind)
         self.info["head /tmp fs"] = fs_type("/tmp")
-        self.fuse_mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
-        os.chmod("/dev/fuse", 0o666)      # as on real systems: users may mount
-        self.bed = testbed.TestBed()
-        t0 = time.monotonic()
-        self.bed.up(HOSTS, bw=BW, hide_paths=[REPO, VENV])
-        self.user = self.bed.add_user("gxpmb" + uuid.uuid4().hex[:6])
+        self.open_fuse()
+        dt = self.bed_up(HOSTS, "gxpmb", bw=BW)
         self.info["hosts fs"] = fs_type(self.bed.host(HOSTS[0]).tmp_dir)
         for d in (self.top, self.work):
-            self.made_dirs.append(d)
-            os.makedirs(d, 0o755)
-            os.chown(d, self.user.uid, self.user.gid)
+            self.make_dir(d)
         self.mkdir_user(os.path.join(self.work, "local"))
         with open(self.tool, "w") as f:
             f.write(TOOL)
@@ -727,7 +622,7 @@ class Bench:
                 left -= n
         os.chown(self.src, self.user.uid, self.user.gid)
         self.log("test bed of %d hosts (%s links) and user %s up in %.1fs; local disk %s"
-                 % (len(HOSTS), BW, self.user.name, time.monotonic() - t0, self.info["local fs"]))
+                 % (len(HOSTS), BW, self.user.name, dt, self.info["local fs"]))
         # warm-up, not counted: first ssh to the hosts in use
         self.as_user(["ssh", REMOTE, "true"])
 
@@ -750,42 +645,17 @@ class Bench:
         self.info["t locality"] = time.monotonic() - t
         self.close_session()
 
-    def cleanup(self) -> None:
-        if self.bed is not None and self.user is not None:
-            for mp in list(self.head_mounts):
-                try:
-                    self.head_umount(mp)
-                except BaseException as e:
-                    print("mount.py: unmounting %s failed: %s" % (mp, e), file=sys.stderr)
-                    subprocess.run(["umount", "-l", mp], capture_output=True)
-            for host, mp in list(self.host_mounts):
-                try:
-                    self.host_umount(host, mp)
-                except BaseException as e:
-                    print("mount.py: unmounting %s on %s failed: %s" % (mp, host, e), file=sys.stderr)
-            try:
-                self.close_session()
-            except BaseException as e:
-                print("mount.py: quitting the session failed: %s" % e, file=sys.stderr)
-            t0 = time.monotonic()
-            while user_pids(self.user.uid) and time.monotonic() - t0 < 10:
-                time.sleep(0.05)
-            left = user_pids(self.user.uid)
-            if left:
-                self.odd.append("%d processes of the user were left after unmount and quit (killed by the "
-                                "teardown): %s" % (len(left), "; ".join(
-                                    "%d %s" % (p, proc_cmdline(p)[:80]) for p in left[:5])))
-        with open("/proc/mounts") as f:
-            for line in fuse_mounts(f.read()):
-                if "gxpbench-" + self.tag in line:
-                    self.odd.append("mount left on the head (lazily unmounted): " + line)
-                    subprocess.run(["umount", "-l", line.split()[1]], capture_output=True)
-        if self.bed is not None:
-            self.bed.teardown()   # kills every process of the user and removes it
-        for d in self.made_dirs:
-            shutil.rmtree(d, ignore_errors=True)
-        if self.fuse_mode is not None:
-            os.chmod("/dev/fuse", self.fuse_mode)
+    def release(self) -> None:
+        for mp in list(self.head_mounts):
+            if not self.guarded("unmounting %s" % mp, self.head_umount, mp):
+                subprocess.run(["umount", "-l", mp], capture_output=True)
+        for host, mp in list(self.host_mounts):
+            self.guarded("unmounting %s on %s" % (mp, host), self.host_umount, host, mp)
+        self.guarded("quitting the session", self.close_session)
+        left = self.settle()
+        if left:
+            self.odd.append("%d processes of the user were left after unmount and quit (killed by the "
+                            "teardown): %s" % (len(left), describe(left)))
 
     # -- report ------------------------------------------------------------
     def rows(self) -> list:
@@ -830,9 +700,8 @@ class Bench:
         o.append("-" * (w + 52))
         for case, what, a, v, unit in self.rows():
             fmt = "%.1f" if unit == "MB/s" else "%.0f"
-            ratio = "%.2f" % (v / a) if (a and v is not None) else "-"
-            o.append("%-*s %-12s %10s %10s %6s %7s" % (w, case, what, fmt % a if a is not None else "-",
-                                                      fmt % v if v is not None else "-", unit, ratio))
+            o.append("%-*s %-12s %10s %10s %6s %7s" % (w, case, what, value_text(fmt, a), value_text(fmt, v),
+                                                      unit, ratio_text(a, v)))
         o.append("  (ratio = ours / anchor, higher is better; medians; links %s = %.1f MB/s; MB = 10^6 bytes)"
                  % (BW, LINK_MBS))
         o.append("")
@@ -923,14 +792,7 @@ class Bench:
                  "cost alone)" % (self.med("meta ourslocal stat") or 0, 100 * (rl or 0)))
         o.append("  ALL GOALS HOLD" if all(holds) else
                  "  GOALS DO NOT ALL HOLD (%d of %d)" % (sum(holds), len(holds)))
-        if self.odd:
-            o.append("")
-            o.append("noticed:")
-            seen = set()
-            for x in self.odd:
-                if x not in seen:
-                    seen.add(x)
-                    o.append("  - " + x)
+        o += self.noticed_lines()
         print("\n".join(o))
 
 
@@ -954,40 +816,7 @@ def main(argv=None) -> int:
         p.error("sizes, counts and reps must be >= 1")
     if a.loc_size % LOC_FILE_MIB:
         p.error("--loc-size must be a multiple of %d" % LOC_FILE_MIB)
-    if os.geteuid() != 0:
-        print("mount.py: run as root (the test bed needs it)", file=sys.stderr)
-        return 2
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _on_term)
-
-    def log(text):
-        print(text, file=sys.stderr, flush=True)
-
-    bench = Bench(a, log)
-    t0 = time.monotonic()
-    status = 0
-    try:
-        bench.setup()
-        bench.run()
-    except (KeyboardInterrupt, Interrupted) as e:
-        log("mount.py: interrupted (%s); cleaning up" % (str(e) or "Ctrl-C"))
-        status = 130
-    except (BenchError, testbed.TestBedError, subprocess.TimeoutExpired) as e:
-        log("mount.py: %s" % e)
-        status = 1
-    finally:
-        old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-        try:
-            bench.cleanup()
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-    if status == 0:
-        bench.report()
-        print("total run time %.0fs" % (time.monotonic() - t0))
-    elif bench.odd:
-        log("noticed: " + "; ".join(bench.odd))
-    return status
+    return main_driver(MountBench, a, log)
 
 
 if __name__ == "__main__":
