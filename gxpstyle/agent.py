@@ -267,7 +267,7 @@ class Node:
             return
         try:
             sources = bootstrap.unpack_modules(msg["blob"])
-        except (ValueError, Exception) as e:   # zlib.error, DecodeError: a bad blob is dropped
+        except Exception as e:   # ValueError, zlib.error, DecodeError: a bad blob is dropped
             self.log("refused pushed modules: %s" % e)
             return
         bootstrap.install_sources(sources)

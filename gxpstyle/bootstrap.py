@@ -223,11 +223,6 @@ class PayloadCache:
         return self.built[key]
 
 
-def head_payload() -> Tuple[bytes, bytes]:
-    """The source payload built from the head's installed modules."""
-    return PayloadCache(head_sources()).for_tag(None)
-
-
 def payload_wire(payload: Tuple[bytes, bytes]) -> bytes:
     """What the first stage reads after its marker: length, digest, payload."""
     digest, z = payload

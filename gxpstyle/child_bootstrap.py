@@ -15,7 +15,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
     from typing import Any, Callable, Dict, Optional
 
-from gxpstyle import bootstrap, channels
+from gxpstyle import bootstrap
 from gxpstyle.links import Link
 
 MAX_GARBAGE = 64 << 10     # what a login script may print before the marker
@@ -98,8 +98,6 @@ class ChildStart:
         if not data:
             self.loop.forget(self.stderr_fd)
             return
-        if self.link is not None and not self.finished:
-            pass
         if self.finished:
             # After bootstrap, the child's stderr is diagnostics for the session log.
             self.node.child_stderr(self.child, data)
@@ -244,6 +242,3 @@ class ChildStart:
             except subprocess.TimeoutExpired:
                 pass
 
-
-def process_command(channel: str, target: str, spec: Dict[str, Any]) -> list:
-    return channels.process_argv(channel, target, spec)

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from gxpstyle import bootstrap, hostpattern, session, spanning_tree, use_rules, wire
 from gxpstyle.agent import Node
-from gxpstyle.links import Link, frame_with_prefix
+from gxpstyle.links import Link
 
 
 @dataclass
@@ -36,6 +36,15 @@ class NodeInfo:
     bootstrap_seconds: float = 0.0
     next_child: int = 1
     role: str = ""             # "" for an explored host; "gmount" for a mount service
+
+    @classmethod
+    def from_ready(cls, nid: str, name: str, parent: str, channel: str, info: Dict[str, Any],
+                   role: str = "") -> "NodeInfo":
+        """A node that just came up, from the info its `ready` carried."""
+        return cls(nid, name, parent, channel, str(info.get("hostname", "")),
+                   pid=int(info.get("pid", 0)), user=str(info.get("user", "")),
+                   python=str(info.get("python", "")),
+                   bootstrap_seconds=float(info.get("bootstrap_seconds", 0.0)), role=role)
 
     def names(self) -> List[str]:
         out = [self.name]
@@ -336,8 +345,7 @@ class Head(Node):
         for target, why in plan.unreachable.items():
             ex.failed[target] = why
             self.say(cid, req, "gxpc: explore: %s: %s" % (target, why))
-        self.req_seq += 1
-        ex.key = self.req_seq
+        ex.key = self.new_req()
         self.explorations[ex.key] = ex
         for a in plan.assignments:
             if not a.parent.startswith("id:"):
@@ -351,10 +359,13 @@ class Head(Node):
     def _live_children(self, nid: str) -> int:
         return sum(1 for n in self.tree.values() if n.parent == nid and n.state == "up")
 
-    def _dispatch(self, ex: Exploration, a: spanning_tree.Assignment, parent: str) -> None:
+    def _new_child_id(self, parent: str) -> str:
         info = self.tree[parent]
-        child = "%s.%d" % (parent, info.next_child)
         info.next_child += 1
+        return "%s.%d" % (parent, info.next_child - 1)
+
+    def _dispatch(self, ex: Exploration, a: spanning_tree.Assignment, parent: str) -> None:
+        child = self._new_child_id(parent)
         spec = dict(a.rule.options)
         spec["name"] = a.rule.channel
         cluster = ex.host_settings.get(a.target, {})
@@ -362,10 +373,10 @@ class Head(Node):
             spec["python"] = cluster["python"]
         timeout = float(spec.get("timeout") or cluster.get("timeout") or ex.timeout)
         spec.setdefault("timeout", timeout)
-        self.req_seq += 1
-        ex.pending[self.req_seq] = (a, child)
-        self.spawn_reqs[self.req_seq] = (ex, a, child)
-        self.send(parent, {"op": "spawn", "req": self.req_seq, "child": child, "target": a.target,
+        req = self.new_req()
+        ex.pending[req] = (a, child)
+        self.spawn_reqs[req] = (ex, a, child)
+        self.send(parent, {"op": "spawn", "req": req, "child": child, "target": a.target,
                            "channel": spec, "timeout": timeout})
 
     def new_req(self) -> int:
@@ -375,17 +386,12 @@ class Head(Node):
     def spawn_service(self, parent: str, target: str, role: str, config: Dict[str, Any],
                       timeout: float, done: Any) -> str:
         """Start a role node under `parent`; done(ok, reason, info) when it is up."""
-        info = self.tree[parent]
-        child = "%s.%d" % (parent, info.next_child)
-        info.next_child += 1
+        child = self._new_child_id(parent)
         req = self.new_req()
 
         def spawned(msg: Dict[str, Any], src: str) -> None:
             if msg["ok"]:
-                i = msg["info"]
-                self.tree[child] = NodeInfo(child, target, parent, "local", str(i.get("hostname", "")),
-                                            pid=int(i.get("pid", 0)), user=str(i.get("user", "")),
-                                            python=str(i.get("python", "")), role=role)
+                self.tree[child] = NodeInfo.from_ready(child, target, parent, "local", msg["info"], role)
             done(msg["ok"], msg["reason"], msg["info"], child)
         self.spawn_hooks[req] = (child, spawned)
         self.send(parent, {"op": "spawn", "req": req, "child": child, "target": target,
@@ -427,12 +433,7 @@ class Head(Node):
         ex, a, child = entry
         ex.pending.pop(msg["req"], None)
         if msg["ok"] and msg["child"] == child:
-            info = msg["info"]
-            self.tree[child] = NodeInfo(child, a.target, src, a.rule.channel,
-                                        str(info.get("hostname", "")), pid=int(info.get("pid", 0)),
-                                        user=str(info.get("user", "")),
-                                        python=str(info.get("python", "")),
-                                        bootstrap_seconds=float(info.get("bootstrap_seconds", 0.0)))
+            self.tree[child] = NodeInfo.from_ready(child, a.target, src, a.rule.channel, msg["info"])
             ex.up.append(a.target)
             if self.mask is not None:
                 self.mask.add(child)

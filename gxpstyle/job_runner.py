@@ -17,7 +17,6 @@ if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are st
     from typing import Any, Callable, Dict, Optional, Tuple
     import subprocess
 
-from gxpstyle import wire
 from gxpstyle.event_loop import EventLoop
 
 READ_SIZE = 64 << 10
@@ -57,7 +56,6 @@ class JobRunner:
         self.send = send
         self.backlog = backlog
         self.jobs: Dict[Tuple[str, int], Job] = {}
-        self.base_env: Dict[str, str] = {}
 
     def start(self, requester: str, msg: Dict[str, Any]) -> None:
         import subprocess   # here, not at the top: a node that runs no job never pays for it
@@ -65,7 +63,6 @@ class JobRunner:
         if key in self.jobs:
             return
         env = dict(os.environ)
-        env.update(self.base_env)
         for k, v in msg["env"].items():
             if not isinstance(k, str) or "=" in k or "\0" in k:
                 continue
@@ -179,12 +176,6 @@ class JobRunner:
             os.killpg(job.proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-
-    def kill_requester(self, requester_prefix: str) -> None:
-        """Cancel every job started by a requester that went away."""
-        for key, job in list(self.jobs.items()):
-            if wire.is_descendant(key[0], requester_prefix):
-                self._signal(job, signal.SIGKILL)
 
     def kill_all(self) -> None:
         import subprocess

@@ -12,7 +12,7 @@ import collections
 import os
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
-    from typing import Callable, Optional
+    from typing import Callable
 
 from gxpstyle import wire
 from gxpstyle.event_loop import EventLoop
@@ -36,21 +36,10 @@ class Link:
         self.outq: "collections.deque[memoryview]" = collections.deque()
         self.queued = 0
         self.closed = False
-        self.paused = False
-        self.drain_callbacks: list = []
         os.set_blocking(rfd, False)
         if wfd != rfd:
             os.set_blocking(wfd, False)
         loop.add_reader(rfd, self._readable)
-
-    def pause_reading(self, pause: bool) -> None:
-        if self.closed or pause == self.paused:
-            return
-        self.paused = pause
-        if pause:
-            self.loop.remove_reader(self.rfd)
-        else:
-            self.loop.add_reader(self.rfd, self._readable)
 
     def feed_initial(self, data: bytes) -> None:
         """Bytes read before the link existed (after a bootstrap marker)."""
@@ -113,9 +102,6 @@ class Link:
                 self.outq[0] = buf[n:]
                 return
         self.loop.remove_writer(self.wfd)
-        callbacks, self.drain_callbacks = self.drain_callbacks, []
-        for cb in callbacks:
-            cb()
 
     def flush_blocking(self, timeout: float = 2.0) -> None:
         """Best effort: push out what is queued before the process exits."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -121,7 +120,3 @@ class Branch:
 
     def close(self) -> None:
         pass
-
-
-def is_dir(attrs: "Dict[str, Any]") -> bool:
-    return stat.S_ISDIR(attrs["st_mode"])

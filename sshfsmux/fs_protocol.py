@@ -145,28 +145,24 @@ def _data(limit: int) -> "Callable[[Any], bytes]":
     return check
 
 
-def _xname(v: Any) -> str:
-    if not isinstance(v, str) or not v or "\x00" in v:
-        raise oserror(errno.EINVAL, "bad attribute name")
-    try:
-        n = len(v.encode("utf-8", "surrogateescape"))
-    except UnicodeEncodeError:
-        raise oserror(errno.EINVAL, "bad attribute name")
-    if n > MAX_XATTR_NAME:
-        raise oserror(errno.ERANGE)
-    return v
+def _text(what: str, limit: int, too_long: int) -> "Callable[[Any], str]":
+    """A checker for a non-empty string without NUL of at most `limit` UTF-8
+    bytes; longer ones fail with errno `too_long`."""
+    def check(v: Any) -> str:
+        if not isinstance(v, str) or not v or "\x00" in v:
+            raise oserror(errno.EINVAL, "bad " + what)
+        try:
+            n = len(v.encode("utf-8", "surrogateescape"))
+        except UnicodeEncodeError:
+            raise oserror(errno.EINVAL, "bad " + what)
+        if n > limit:
+            raise oserror(too_long)
+        return v
+    return check
 
 
-def _target(v: Any) -> str:
-    if not isinstance(v, str) or not v or "\x00" in v:
-        raise oserror(errno.EINVAL, "bad symlink target")
-    try:
-        n = len(v.encode("utf-8", "surrogateescape"))
-    except UnicodeEncodeError:
-        raise oserror(errno.EINVAL, "bad symlink target")
-    if n > MAX_LINK_TARGET:
-        raise oserror(errno.ENAMETOOLONG)
-    return v
+_xname = _text("attribute name", MAX_XATTR_NAME, errno.ERANGE)
+_target = _text("symlink target", MAX_LINK_TARGET, errno.ENAMETOOLONG)
 
 
 def _times(v: Any) -> "Optional[Tuple[float, float]]":

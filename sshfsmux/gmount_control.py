@@ -16,7 +16,7 @@ it), and the survivors' mounts treat the dead peer as an unreachable branch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Set
 
 MODULES = [
     "sshfsmux.branch", "sshfsmux.confined_paths", "sshfsmux.fs_protocol",
@@ -175,7 +175,3 @@ class GMountControl:
             for nid, sid in list(m.services.items()):
                 if wire.is_descendant(sid, lost) and sid in self.head.tree:
                     self.head.tree[sid].state = "gone"
-
-    def active(self) -> List[Dict[str, Any]]:
-        return [{"export": m.export, "mountpoint": m.mountpoint, "nodes": sorted(m.mounted)}
-                for m in self.mounts.values()]

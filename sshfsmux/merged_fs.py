@@ -477,25 +477,25 @@ class MergedFS(Operations):
                 return None
             raise
 
-    @_safe
-    def mkdir(self, path: str, mode: int) -> int:
+    def _branch_for_new(self, path: str) -> Branch:
+        """The branch a new name goes to (its parents made there); EEXIST if the
+        name is already visible."""
         self._writable()
         if self._is_chain(path) or self._exists(path) is not None:
             raise _e(errno.EEXIST)
         b = self._target()
         self._ensure_parents(b, path)
-        b.mkdir(path, mode & 0o7777)
+        return b
+
+    @_safe
+    def mkdir(self, path: str, mode: int) -> int:
+        self._branch_for_new(path).mkdir(path, mode & 0o7777)
         return 0
 
     @_safe
     def symlink(self, target: str, source: str) -> int:
         # mfusepy: symlink(link path, what it points to)
-        self._writable()
-        if self._is_chain(target) or self._exists(target) is not None:
-            raise _e(errno.EEXIST)
-        b = self._target()
-        self._ensure_parents(b, target)
-        b.symlink(source, target)
+        self._branch_for_new(target).symlink(source, target)
         return 0
 
     @_safe

@@ -16,7 +16,7 @@ import re
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional
+    from typing import List
 
 VERSION = "0.1.0"
 

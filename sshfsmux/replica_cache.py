@@ -21,7 +21,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Tuple
+    from typing import List, Optional, Tuple
 
 PART_SUFFIX = ".part"
 

@@ -25,7 +25,7 @@ from .mount_options import (USAGE, VERSION, MountError, Options, UsageError, che
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, List, Optional, Tuple
+    from typing import Callable, List, Optional
 
 PROG = "sshfsm"
 CHAIN_NAME = ".sshfsmux-chain"
