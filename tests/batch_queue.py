@@ -178,25 +178,25 @@ def _which(name: str) -> str:
 # --------------------------------------------------------------------------
 # /proc helpers
 
-def _proc_start_time(pid: int) -> Optional[str]:
+def _stat_fields(pid: int) -> Optional[list]:
+    """Fields of /proc/PID/stat after comm (field 3 on): comm may contain
+    spaces and parentheses, so split after the last ')'."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as f:
             data = f.read().decode("ascii", "replace")
     except OSError:
         return None
-    # comm may contain spaces/parens: fields after the last ')'
-    rest = data[data.rfind(")") + 2:].split()
-    return rest[19] if len(rest) > 19 else None  # field 22 = starttime
+    return data[data.rfind(")") + 2:].split()
+
+
+def _proc_start_time(pid: int) -> Optional[str]:
+    rest = _stat_fields(pid)
+    return rest[19] if rest and len(rest) > 19 else None  # field 22 = starttime
 
 
 def _proc_state_ppid(pid: int) -> Optional[tuple]:
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            data = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    rest = data[data.rfind(")") + 2:].split()
-    return rest[0], int(rest[1])
+    rest = _stat_fields(pid)
+    return (rest[0], int(rest[1])) if rest else None
 
 
 def _read_proc(pid: int, name: str) -> bytes:

@@ -119,6 +119,16 @@ def _finish(g: Gxp) -> None:
         pytest.fail("processes of session %s survived quit: %s" % (g.session_dir, leaked))
 
 
+@pytest.fixture(scope="module")
+def cert_files(tmp_path_factory):
+    """A session certificate as files: (certfile, keyfile, SHA-256 pin)."""
+    cert, key, pin = gxsession.make_certificate()
+    d = tmp_path_factory.mktemp("tls")
+    (d / "cert.pem").write_text(cert)
+    (d / "key.pem").write_text(key)
+    return str(d / "cert.pem"), str(d / "key.pem"), pin
+
+
 @pytest.fixture(scope="session")
 def user_bed():
     """A bed with no hosts, holding one ordinary user (root only)."""

@@ -15,21 +15,12 @@ import time
 
 import pytest
 
-from gxpstyle import link_auth, serializer, session, wire
+from gxpstyle import link_auth, serializer, wire
 from sshfsmux import confined_paths, direct_branch, export_server, fs_protocol
 
 SECRET = os.urandom(32)
 KEY = fs_protocol.data_channel_key(SECRET)
 MiB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def cert_files(tmp_path_factory):
-    cert, key, pin = session.make_certificate()
-    d = tmp_path_factory.mktemp("tls")
-    (d / "cert.pem").write_text(cert)
-    (d / "key.pem").write_text(key)
-    return str(d / "cert.pem"), str(d / "key.pem"), pin
 
 
 @pytest.fixture

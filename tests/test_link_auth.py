@@ -9,18 +9,9 @@ import time
 
 import pytest
 
-from gxpstyle import link_auth, session
+from gxpstyle import link_auth
 
 KEY = os.urandom(32)
-
-
-@pytest.fixture(scope="module")
-def cert_files(tmp_path_factory):
-    cert, key, pin = session.make_certificate()
-    d = tmp_path_factory.mktemp("tls")
-    (d / "cert.pem").write_text(cert)
-    (d / "key.pem").write_text(key)
-    return str(d / "cert.pem"), str(d / "key.pem"), pin
 
 
 class Server:

@@ -161,7 +161,7 @@ def test_tmp_is_private(bed):
     assert os.path.exists(os.path.join(bed.host("tb01").tmp_dir, name))
     assert not os.path.exists(os.path.join(bed.host("tb02").tmp_dir, name))
     assert not os.path.exists(os.path.join("/tmp", name))
-    r = ssh(bed, "tb02", f"ls -a /tmp")
+    r = ssh(bed, "tb02", "ls -a /tmp")
     assert name not in r.stdout.split()
 
 
