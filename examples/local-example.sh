@@ -21,5 +21,12 @@ gxpc mount "$top/export" "$top/mnt"
 gxpc e 'echo "written by $GXP_NODE_ID" > '"$top/mnt"'/from-$GXP_NODE_ID'
 ls "$top/mnt"
 python3 -c 'import os, sys; print("location:", os.getxattr(sys.argv[1], "user.sshfsmux.location").decode())' "$top/mnt/from-0.1"
+# A workflow: the word-count MapReduce makefile, run by GNU make with every
+# recipe on one of the nodes (the map recipes spread over them), in the mount.
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir "$top/mnt/wordcount"
+cp "$here/wordcount/Makefile" "$top/mnt/wordcount/"
+(cd "$top/mnt/wordcount" && gxpc make -j 8)
+(cd "$top/mnt/wordcount" && gxpc make -s clean)
 gxpc umount
 echo "example: done" >&2

@@ -310,9 +310,11 @@ class Node:
             def on_link(label: str, rfd: int, wfd: int) -> None:
                 self.loop.call_soon_threadsafe(lambda: self.batch_connected(label, rfd, wfd))
 
+            refusals = link_auth.RefusalLog(
+                lambda line: self.loop.call_soon_threadsafe(lambda: self.log(line)))
+
             def on_refused(addr: Any, why: str) -> None:
-                self.loop.call_soon_threadsafe(
-                    lambda: self.log("refused a connection from %s: %s" % (addr[0], why)))
+                refusals.refused(str(addr[0]), why)
 
             self.listener = link_auth.Listener(self.batch_tokens.get, on_link, on_refused,
                                                certfile, keyfile, self.opts["pin"])
@@ -488,7 +490,8 @@ def main(fds: Tuple[int, int]) -> None:
     except (ImportError, KeyError):
         user = str(os.getuid())
     ready = {"op": "ready", "id": node.id, "hostname": os.uname().nodename,
-             "pid": os.getpid(), "python": sys.version.split()[0], "user": user}
+             "pid": os.getpid(), "python": sys.version.split()[0], "user": user,
+             "ncpu": os.cpu_count() or 1}
     role = hello["opts"].get("role")
     runner = None
     if role:

@@ -57,6 +57,8 @@ class ChildStart:
         self.stdout_buf = b""
         self.stderr_buf = b""
         self.stderr_fd: Optional[int] = None
+        self.rfd: Optional[int] = None
+        self.wfd: Optional[int] = None
         self.link: Optional[Link] = None
         self.batch_job: Optional[str] = None
         self.started = time.monotonic()
@@ -65,15 +67,24 @@ class ChildStart:
 
     # -- process channels ------------------------------------------------
     def start_process(self, argv: list) -> None:
+        # Our own pipes, not Popen's file objects: the link closes these fds,
+        # and file objects would close the same numbers again when collected.
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        stderr_r, stderr_w = os.pipe()
+        ours, theirs = [stdin_w, stdout_r, stderr_r], [stdin_r, stdout_w, stderr_w]
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, start_new_session=True,
-                                         close_fds=True)
+            self.proc = subprocess.Popen(argv, stdin=theirs[0], stdout=theirs[1], stderr=theirs[2],
+                                         start_new_session=True, close_fds=True)
         except OSError as e:
+            for fd in ours:
+                os.close(fd)
             self._finish(False, "cannot run %s: %s" % (argv[0], e.strerror))
             return
-        self.attach(self.proc.stdout.fileno(), self.proc.stdin.fileno(), self.proc.stderr.fileno(),
-                    need_marker=True)
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        self.attach(stdout_r, stdin_w, stderr_r, need_marker=True)
 
     def attach(self, rfd: int, wfd: int, efd: Optional[int], need_marker: bool) -> None:
         """Start the handshake on given fds (process pipes, a paramiko or TLS relay)."""
@@ -96,7 +107,7 @@ class ChildStart:
         except OSError:
             data = b""
         if not data:
-            self.loop.forget(self.stderr_fd)
+            self._close_stderr()
             return
         if self.finished:
             # After bootstrap, the child's stderr is diagnostics for the session log.
@@ -205,15 +216,27 @@ class ChildStart:
                 self.proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 pass
-            for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+        if self.link is None and self.rfd is not None:
+            # No link took the fds over: they are still ours to close.
+            for fd in {self.rfd, self.wfd}:
+                self.loop.forget(fd)
                 try:
-                    f.close()
+                    os.close(fd)
                 except OSError:
                     pass
-        if self.stderr_fd is not None:
-            self.loop.forget(self.stderr_fd)
+            self.rfd = self.wfd = None
+        self._close_stderr()
         if self.kill_hook is not None:
             self.kill_hook()
+
+    def _close_stderr(self) -> None:
+        if self.stderr_fd is not None:
+            self.loop.forget(self.stderr_fd)
+            try:
+                os.close(self.stderr_fd)
+            except OSError:
+                pass
+            self.stderr_fd = None
 
     def terminate(self) -> None:
         """At quit: the child had its chance to exit; make sure its channel is gone."""

@@ -317,6 +317,30 @@ def cmd_quit(c: Client, a: argparse.Namespace) -> int:
 
 
 # -- parser ----------------------------------------------------------------------
+def cmd_make(c: Optional[Client], a: argparse.Namespace) -> int:
+    from make_backend import make_command
+    try:
+        return make_command.main(c, c.session_dir if c else "", a.make_args)
+    except make_command.MakeUsage as e:
+        _err("make: %s" % e)
+        return EXIT_USAGE
+
+
+def _split_make(argv: List[str]) -> "tuple[List[str], Optional[List[str]]]":
+    """`gxpc [--session DIR] make ARGS...`: make's arguments are never ours to parse."""
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--session":
+            i += 2
+        elif argv[i].startswith("--session="):
+            i += 1
+        else:
+            break
+    if i < len(argv) and argv[i] == "make":
+        return argv[:i + 1], argv[i + 1:]
+    return argv, None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gxpc", description="Explore hosts without preinstalling anything, and run commands on all of them.",
@@ -401,6 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
     mw.add_argument("-u", dest="unmount", action="store_true")
     mw.add_argument("args", nargs="*")
     mw.set_defaults(func=cmd_mw, start=False)
+    mk = sub.add_parser("make", help="GNU make with every recipe on a node the head picks",
+                        description="gxpc make [--local] [MAKE-ARGUMENTS...]: see gxpc make --help",
+                        add_help=False)
+    mk.set_defaults(func=cmd_make, start=False)
     q = sub.add_parser("quit", help="stop every agent and remove what was shipped")
     q.set_defaults(func=cmd_quit, start=False)
     return p
@@ -410,13 +438,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     # `gxpc stat | head` must end quietly, like any Unix filter.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     parser = build_parser()
+    argv, make_args = _split_make(list(sys.argv[1:] if argv is None else argv))
     a = parser.parse_args(argv)
+    a.make_args = make_args or []
     if not a.verb:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     c = Client(a.session)
     try:
         if not c.connect(start=a.start):
+            if a.verb == "make":
+                c.close()
+                return cmd_make(None, a)
             if a.verb == "quit":
                 return EXIT_OK
             _err("no session running in %s (start one with gxpc explore)" % c.session_dir)

@@ -36,6 +36,7 @@ class NodeInfo:
     bootstrap_seconds: float = 0.0
     next_child: int = 1
     role: str = ""             # "" for an explored host; "gmount" for a mount service
+    slots: int = 1             # CPUs the node reported: recipes it can run at once
 
     @classmethod
     def from_ready(cls, nid: str, name: str, parent: str, channel: str, info: Dict[str, Any],
@@ -44,7 +45,8 @@ class NodeInfo:
         return cls(nid, name, parent, channel, str(info.get("hostname", "")),
                    pid=int(info.get("pid", 0)), user=str(info.get("user", "")),
                    python=str(info.get("python", "")),
-                   bootstrap_seconds=float(info.get("bootstrap_seconds", 0.0)), role=role)
+                   bootstrap_seconds=float(info.get("bootstrap_seconds", 0.0)), role=role,
+                   slots=max(1, int(info.get("ncpu") or 1)))
 
     def names(self) -> List[str]:
         out = [self.name]
@@ -84,7 +86,8 @@ class Head(Node):
                          session.new_secret(), opts, bootstrap.PayloadCache(bootstrap.head_sources()))
         self.tree: Dict[str, NodeInfo] = {
             wire.HEAD: NodeInfo(wire.HEAD, "head", None, "-", socket.gethostname(),
-                                pid=os.getpid(), user=_user(), python=sys.version.split()[0])}
+                                pid=os.getpid(), user=_user(), python=sys.version.split()[0],
+                                slots=os.cpu_count() or 1)}
         self.rules: List[use_rules.UseRule] = []
         self.clients: Dict[str, Link] = {}
         self.client_seq = 0
@@ -106,6 +109,8 @@ class Head(Node):
         self.pushed: Set[str] = set()
         from sshfsmux.gmount_control import GMountControl
         self.gmount = GMountControl(self)
+        from make_backend.scheduler import MakeScheduler
+        self.make = MakeScheduler()
         try:
             from gxpstyle import paramiko_channel
             self.extra_channels["paramiko"] = lambda cs: paramiko_channel.start(self, cs)
@@ -164,7 +169,11 @@ class Head(Node):
 
     def on_client_close(self, link: Link, why: str) -> None:
         cid = link.peer
+        if why != "link closed":
+            self.write_log("client %s dropped: %s" % (cid, why))
         self.clients.pop(cid, None)
+        for key in self.make.jobs_of(cid):
+            self.make.finished(key)
         for key in [k for k in self.jobs_out if k[0] == cid]:
             for node, status in self.jobs_out.pop(key).items():
                 if status is None:
@@ -196,6 +205,7 @@ class Head(Node):
         out = self.jobs_out.get((cid, job))
         if out is None or node not in out:
             return
+        self.make.finished((cid, job))
         out[node] = status
         if all(v is not None for v in out.values()):
             del self.jobs_out[(cid, job)]
@@ -232,7 +242,8 @@ class Head(Node):
                           "python": n.python, "parent": n.parent or ""})
         mask = sorted(self.mask, key=_id_key) if self.mask is not None else None
         self.reply(cid, req, 0, {"nodes": nodes, "mask": mask,
-                                 "saved": {k: sorted(v) for k, v in self.saved_masks.items()}})
+                                 "saved": {k: sorted(v) for k, v in self.saved_masks.items()},
+                                 "mounts": sorted(self.gmount.mounts)})
 
     def req_cd(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         self.cwd = args.get("dir") or None
@@ -296,6 +307,27 @@ class Head(Node):
             msg = {"op": "exec", "job": job, "cmd": args["cmd"], "cwd": cwd, "env": e,
                    "stdin": bool(args.get("stdin"))}
             self.route_frame(nid, wire.encode_frame(nid, cid, msg), None)
+
+    def req_job(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        """One `gxpc make` recipe: the head picks the node (make_backend/scheduler.py),
+        then it runs like one node's share of `e`; output and exit go to the client."""
+        avoid = set(args.get("avoid") or [])
+        nodes = [n for n in self.select_nodes({}) if n not in avoid]
+        nid = self.make.pick([(n, self.tree[n].slots) for n in nodes])
+        if nid is None:
+            self.reply(cid, req, 1, {"error": "no node is up to run the recipe"})
+            return
+        self.job_seq += 1
+        job = self.job_seq
+        self.jobs_out[(cid, job)] = {nid: None}
+        self.make.started((cid, job), nid)
+        self.reply(cid, req, 0, {"job": job, "node": nid, "name": self.tree[nid].name})
+        env = dict(self.env)
+        env.update(args.get("env") or {})
+        env.update({"GXP_NODE_ID": nid, "GXP_HOSTNAME": self.tree[nid].name})
+        msg = {"op": "exec", "job": job, "cmd": args["cmd"], "cwd": args.get("cwd"), "env": env,
+               "stdin": False}
+        self.route_frame(nid, wire.encode_frame(nid, cid, msg), None)
 
     # -- GMount (sshfsmux/gmount_control.py decides; services execute) ----------
     def req_mount(self, cid: str, req: int, args: Dict[str, Any]) -> None:

@@ -28,6 +28,10 @@ class Job:
         self.key = key
         self.proc = proc
         self.open_fds: Dict[int, int] = {}   # fd -> 1 or 2 (stdout/stderr)
+        # Closed through their file objects only: an os.close() here would leave
+        # Popen's objects to close the same number again when collected, by
+        # then maybe a client's socket.
+        self.files: Dict[int, Any] = {}
         self.stdin_fd: Optional[int] = proc.stdin.fileno() if proc.stdin else None
         self.stdin_buf = b""
         self.stdin_eof = False
@@ -38,6 +42,7 @@ class Job:
                 fd = f.fileno()
                 os.set_blocking(fd, False)
                 self.open_fds[fd] = stream
+                self.files[fd] = f
         if self.stdin_fd is not None:
             os.set_blocking(self.stdin_fd, False)
 
@@ -101,7 +106,7 @@ class JobRunner:
             return
         self.loop.forget(fd)
         del job.open_fds[fd]
-        os.close(fd)
+        job.files.pop(fd).close()
         if not job.open_fds:
             self._reap(job)
 

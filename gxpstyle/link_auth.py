@@ -209,6 +209,50 @@ def _relay(tls, plain):
                 pass
 
 
+class RefusalLog(object):
+    """One log line per refused connection, but at most `burst` lines per
+    `window` seconds: a flood of bad peers must not fill the user's disk. The
+    lines held back are counted and summed up in one line when the next window
+    begins (or at flush)."""
+
+    def __init__(self, write, burst=5, window=10.0, clock=time.monotonic):
+        self.write = write
+        self.burst, self.window, self.clock = burst, window, clock
+        self.lock = threading.Lock()
+        self.started = None
+        self.count = 0
+        self.held = 0
+
+    def refused(self, peer, why):
+        # type: (str, str) -> None
+        lines = []
+        with self.lock:
+            now = self.clock()
+            if self.started is None or now - self.started >= self.window:
+                lines += self._summary()
+                self.started, self.count = now, 0
+            self.count += 1
+            if self.count <= self.burst:
+                lines.append("refused a connection from %s: %s" % (peer, why))
+            else:
+                self.held += 1
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        with self.lock:
+            lines = self._summary()
+        for line in lines:
+            self.write(line)
+
+    def _summary(self):
+        if not self.held:
+            return []
+        n, self.held = self.held, 0
+        return ["refused %d more connection%s in %gs (not logged one by one)"
+                % (n, "" if n == 1 else "s", self.window)]
+
+
 class Listener(object):
     """Accepts authenticated TLS links on a TCP port, in its own threads.
 

@@ -102,6 +102,7 @@ class ExportServer:
         self.cipher = bool(cipher)
         self.certfile, self.keyfile, self.pin = certfile, keyfile, pin
         self.log = log or _stderr_log
+        self.refusals = link_auth.RefusalLog(lambda line: self.log("fs export: " + line))
         self.frame_seconds = frame_seconds
         self.clients = threading.BoundedSemaphore(max_clients)
         self.max_open = max_open
@@ -126,7 +127,7 @@ class ExportServer:
     def _refused(self, addr: Any, why: str) -> None:
         with self.lock:
             self.stats["refused"] += 1
-        self.log("fs export: refused %s: %s" % (_addr(addr), _one_line(why)))
+        self.refusals.refused(_addr(addr), _one_line(why))
 
     def _authenticate(self, conn: Any, seconds: float) -> "Tuple[Any, Any]":
         fs_protocol.tune_socket(conn)
@@ -181,6 +182,7 @@ class ExportServer:
     def close(self) -> None:
         self.closed = True
         self.listener.close()
+        self.refusals.flush()
         with self.lock:
             sessions = list(self.sessions)
         for s in sessions:

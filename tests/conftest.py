@@ -59,19 +59,27 @@ class Gxp:
     def run(self, *args, input=None, timeout=120, env=None, cwd=None) -> subprocess.CompletedProcess:
         kw = dict(input=input, capture_output=True, text=True, timeout=timeout)
         if self.user:
-            return self.bed.run_as(self.user, self.argv(args), env=self.env(env), cwd=cwd, **kw)
+            return self.bed.run_as(self.user, self._in_dir(cwd, self.argv(args)), env=self.env(env), **kw)
         full = dict(os.environ)
         full.update(self.env(env))
         return subprocess.run(self.argv(args), env=full, cwd=cwd, **kw)
 
     __call__ = run
 
+    @staticmethod
+    def _in_dir(cwd, argv) -> list:
+        # The user enters cwd itself: root may not enter the user's FUSE mount.
+        if cwd is None:
+            return argv
+        return ["sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", str(cwd)] + list(argv)
+
     def popen(self, *args, **kw) -> subprocess.Popen:
         kw.setdefault("stdout", subprocess.PIPE)
         kw.setdefault("stderr", subprocess.PIPE)
         kw.setdefault("text", True)
         if self.user:
-            return self.bed.popen_as(self.user, self.argv(args), env=self.env(), **kw)
+            return self.bed.popen_as(self.user, self._in_dir(kw.pop("cwd", None), self.argv(args)),
+                                     env=self.env(), **kw)
         full = dict(os.environ)
         full.update(self.env())
         return subprocess.Popen(self.argv(args), env=full, **kw)

@@ -269,3 +269,50 @@ def test_data_listener_survives_fuzz_and_session_dirs_are_private(bed, g):
     assert all(v == [] for v in fuse_mounts(bed, ["tg01", "tg02"]).values())
     for n in ("tg01", "tg02"):
         assert [d for d in os.listdir(bed.host(n).tmp_dir) if d.startswith("gxp-")] == []
+
+
+MAKEFILE = """\
+PARTS := $(addprefix part,1 2 3 4 5 6 7 8)
+all: total.txt
+part%:
+\t@sleep 0.3; echo "$@ $$(hostname)" > $@
+total.txt: $(PARTS)
+\tcat $^ > $@
+broken:
+\techo "about to fail" >&2; exit 4
+"""
+
+
+def test_small_make_runs_recipes_on_the_nodes_as_an_ordinary_user(bed, g):
+    hosts = HOSTS[4:8]   # tg03 was killed by an earlier test
+    explore(g, hosts)
+    tag = uuid.uuid4().hex[:6]
+    export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
+    g.ok("e", "mkdir -p %s %s" % (export, mnt))
+    g.ok("mount", export, mnt)
+    try:
+        work = os.path.join(mnt, "work")
+        bed.run_as(g.user, ["sh", "-c", "mkdir %s && cat > %s/Makefile" % (work, work)],
+                   input=MAKEFILE, capture_output=True, text=True, check=True)
+        r = g.run("make", "-j8", cwd=work)
+        assert r.returncode == 0, r.stderr
+        total = bed.run_as(g.user, ["cat", os.path.join(work, "total.txt")],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+        assert [line.split()[0] for line in total] == ["part%d" % i for i in range(1, 9)]
+        ran_on = {line.split()[1] for line in total}
+        assert len(ran_on & set(hosts)) >= 2, ran_on
+        # each part was written where its recipe ran: into that node's own export
+        for line in total:
+            part, host = line.split()
+            if host in hosts:
+                assert os.path.exists(os.path.join(bed.host(host).tmp_dir, "gxpexp-" + tag, "work", part))
+        # a failing recipe: make's own message and status, the recipe's stderr
+        r = g.run("make", "broken", cwd=work)
+        assert r.returncode == 2
+        assert "about to fail" in r.stderr and "[Makefile:8: broken] Error 4" in r.stderr
+        # not on the shared mount: refused in one line, nothing run
+        r = g.run("make", cwd="/tmp")
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+        assert "not on the session's shared mount" in r.stderr
+    finally:
+        g.ok("umount")

@@ -214,3 +214,22 @@ def test_fuzz_10000_random_and_malformed_handshakes(server):
     assert len(server.refused) >= 9000
     assert _rss_kib() - rss0 < 64 * 1024
     assert server.listener.thread.is_alive()
+
+
+def test_refusal_log_is_bounded_and_counts_everything():
+    now = [100.0]
+    lines = []
+    log = link_auth.RefusalLog(lines.append, burst=3, window=10.0, clock=lambda: now[0])
+    for i in range(1000):
+        log.refused("10.0.0.%d" % (i % 250), "bad proof")
+    assert len(lines) == 3 and all(l.startswith("refused a connection from 10.0.0.") for l in lines)
+    now[0] += 10.0
+    log.refused("10.0.0.1", "bad proof")
+    assert lines[3] == "refused 997 more connections in 10s (not logged one by one)"
+    assert lines[4] == "refused a connection from 10.0.0.1: bad proof"
+    for _ in range(5):
+        log.refused("10.0.0.2", "eof")
+    log.flush()
+    assert lines[-1] == "refused 3 more connections in 10s (not logged one by one)"
+    log.flush()
+    assert len(lines) == 8

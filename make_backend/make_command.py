@@ -1,0 +1,140 @@
+"""`gxpc make`: the real GNU make, with every recipe run on a node the head picks.
+
+We never read the makefile: make gets two command-line variables, SHELL (our
+job shell) and .SHELLFLAGS (which make expands per recipe, so each job carries
+its target and prerequisites), and every other argument unchanged. make's own
+output, messages and exit status are what the user sees.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from typing import Any, Dict, List, Optional
+
+USAGE = """\
+usage: gxpc make [--local] [MAKE-ARGUMENTS...]
+
+Run GNU make here, with each recipe on one of the session's nodes (chosen by the
+head). Every argument but --local goes to make unchanged: -j N, -k, -n, -f FILE,
+targets, VAR=value (see make --help). Recipe output and the exit status are
+make's own.
+
+  --local     run every recipe on this machine (plain make)
+  -h, --help  show this help
+
+Recipes run under the same directory on their node, so the working directory
+must be on the session's GMount (gxpc mount) unless every node is a local agent
+(gxpc explore --local). With no session, or no node explored, make runs here
+and says so once.
+"""
+
+JOB_SHELL_FLAGS = "-m make_backend.job_shell --target $@ --inputs $^ -c"
+
+
+class MakeUsage(Exception):
+    pass
+
+
+def split_own_options(args: List[str]) -> "tuple[bool, bool, List[str]]":
+    """(help, local, make's arguments): ours are taken only before a `--`."""
+    help_, local, rest = False, False, []
+    own = True
+    for a in args:
+        if own and a == "--":
+            own = False
+            continue
+        if own and a in ("-h", "--help"):
+            help_ = True
+        elif own and a == "--local":
+            local = True
+        else:
+            rest.append(a)
+    return help_, local, rest
+
+
+def make_program() -> str:
+    """make's name as the user would type it: $(MAKE) in recipes shows it."""
+    for name in (os.environ.get("GXP_MAKE") or "", "make", "gmake"):
+        if name and shutil.which(name):
+            return name
+    raise MakeUsage("GNU make is not installed (no make or gmake on PATH)")
+
+
+def on_shared_mount(cwd: str, mounts: List[str]) -> bool:
+    cwd = os.path.realpath(cwd)
+    return any(cwd == m or cwd.startswith(m.rstrip("/") + "/") for m in mounts)
+
+
+def plan(stat: Dict[str, Any], cwd: str) -> str:
+    """"remote", or "here" (no node but the head); raises MakeUsage when the
+    working directory is not where the nodes can see it."""
+    nodes = [n for n in stat.get("nodes", []) if n["state"] == "up" and n["id"] != "0"
+             and n["channel"] != "gmount"]
+    if not nodes:
+        return "here"
+    if all(n["channel"] == "local" for n in nodes):
+        return "remote"
+    if not on_shared_mount(cwd, stat.get("mounts", [])):
+        shared = ", ".join(stat.get("mounts", [])) or "none yet: gxpc mount EXPORT MOUNTPOINT"
+        raise MakeUsage("%s is not on the session's shared mount (%s); recipes on other hosts "
+                        "would not see it. cd there, or use gxpc make --local" % (cwd, shared))
+    return "remote"
+
+
+def run_make(argv: List[str], env: Dict[str, str]) -> int:
+    """Run make in our process group (Ctrl-C reaches it and every recipe shell
+    directly); pass on SIGTERM/SIGHUP; return its exit status as a shell would."""
+    proc = subprocess.Popen(argv, env=env)
+    seen: List[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        seen.append(signum)
+        if signum != signal.SIGINT:   # SIGINT came from the terminal to make as well
+            try:
+                proc.send_signal(signum)
+            except OSError:
+                pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while True:
+            try:
+                rc = proc.wait()
+                break
+            except InterruptedError:
+                continue
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if rc < 0:
+        return 128 - rc
+    if seen and rc != 0:
+        return 128 + seen[0]
+    return rc
+
+
+def main(client: Optional[Any], session_dir: str, args: List[str]) -> int:
+    help_, local, make_args = split_own_options(args)
+    if help_:
+        sys.stdout.write(USAGE)
+        return 0
+    argv = [make_program()]
+    env = dict(os.environ)
+    where = "here"
+    if not local:
+        if client is None:
+            sys.stderr.write("gxpc make: no session (gxpc explore starts one); recipes run on this machine\n")
+        else:
+            status, stat = client.call("stat")
+            if status:
+                raise MakeUsage(stat.get("error", "stat failed"))
+            where = plan(stat, os.getcwd())
+            if where == "here":
+                sys.stderr.write("gxpc make: no node explored; recipes run on this machine\n")
+    if where == "remote":
+        env["GXP_SESSION"] = session_dir
+        argv += ["SHELL=" + sys.executable, ".SHELLFLAGS=" + JOB_SHELL_FLAGS]
+    return run_make(argv + make_args, env)
