@@ -272,6 +272,8 @@ class Node:
             return
         bootstrap.install_sources(sources)
         self.payloads.add(sources)
+        if isinstance(msg.get("tag"), str):
+            self.payloads.preset(msg["tag"], msg.get("payload"))
         for child, link in list(self.children.items()):
             link.send(child, wire.HEAD, msg)
 

@@ -19,7 +19,7 @@ import zlib
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
-    from typing import Dict, List, Optional, Tuple
+    from typing import Any, Dict, List, Optional, Tuple
 
 # The first stage announces itself and its interpreter's cache tag
 # ("cpython-311"): a parent with the same tag ships precompiled code, so the
@@ -81,9 +81,10 @@ class _GxpImporter(object):
         self.sources = sources
         self.codes = codes
     def find_spec(self, name, path=None, target=None):
-        if name in self.sources or name == "gxpstyle":
+        if name in self.sources or name in self.codes or name == "gxpstyle":
             prefix = name + "."
-            package = name == "gxpstyle" or any(k.startswith(prefix) for k in self.sources)
+            package = name == "gxpstyle" or any(k.startswith(prefix) for k in self.sources) \
+                or any(k.startswith(prefix) for k in self.codes)
             return ModuleSpec(name, self, is_package=package)
         return None
     def create_module(self, spec):
@@ -109,7 +110,7 @@ def _gxp_boot(sources):
 '''
 
 
-def build_payload(sources: Dict[str, str], codes: "Optional[bytes]" = None) -> Tuple[bytes, bytes]:
+def build_payload(sources: "Dict[str, str]", codes: "Optional[bytes]" = None) -> "Tuple[bytes, bytes]":
     """(sha256 digest, zlib payload) of the agent program for the given sources,
     with marshalled code objects for one interpreter version when `codes` is given."""
     # Code objects follow the program after a NUL (which Python source never
@@ -143,19 +144,21 @@ def pushable(name: str) -> bool:
 
 def module_sources(names: "List[str]") -> Dict[str, str]:
     """Sources of installed modules (and their packages) by name, on the head."""
-    import importlib
-    import inspect
+    import importlib.util
     out: Dict[str, str] = {}
     for name in names:
         parts = name.split(".")
         for i in range(1, len(parts) + 1):
             sub = ".".join(parts[:i])
-            if sub not in out:
-                mod = importlib.import_module(sub)
-                try:
-                    out[sub] = inspect.getsource(mod)
-                except (OSError, TypeError):
-                    out[sub] = ""          # an empty package __init__
+            if sub in out:
+                continue
+            # Read, not import: the mount code (libfuse through ctypes) need
+            # not be loaded into the head to be pushed.
+            spec = importlib.util.find_spec(sub)
+            if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+                raise ImportError("no Python source for module %s" % sub)
+            with open(spec.origin, encoding="utf-8") as f:
+                out[sub] = f.read()
     return out
 
 
@@ -200,7 +203,7 @@ class PayloadCache:
 
     def __init__(self, sources: Dict[str, str]) -> None:
         self.sources = sources
-        self.built: Dict[Optional[str], Tuple[bytes, bytes]] = {}
+        self.built: "Dict[Tuple[Optional[str], bool], Tuple[bytes, bytes]]" = {}
 
     def add(self, sources: Dict[str, str]) -> None:
         """More modules (pushed by the head): later children get them at bootstrap."""
@@ -208,18 +211,36 @@ class PayloadCache:
             self.sources.update(sources)
             self.built.clear()
 
-    def for_tag(self, tag: Optional[str]) -> Tuple[bytes, bytes]:
+    def preset(self, tag: str, payload: "Any") -> bool:
+        """A service payload the head built for `tag` after a module push:
+        taken (and not built here again: compile and compress were most of a
+        first mount's time, paid by every agent) when it is for our own
+        interpreter and well-formed."""
+        import sys
+        if (tag != sys.implementation.cache_tag or not isinstance(payload, list)
+                or len(payload) != 2 or not all(isinstance(p, bytes) for p in payload)):
+            return False
+        self.built[(tag, True)] = (payload[0], payload[1])
+        return True
+
+    def for_tag(self, tag: "Optional[str]", service: bool = False) -> "Tuple[bytes, bytes]":
+        """The payload for a child whose first stage reported `tag`. A service
+        child (a mount) never starts children of its own, so with matching
+        code it gets code only, no sources: a third less to send to every node."""
         import sys
         own = sys.implementation.cache_tag
-        key = tag if (tag and tag == own) else None
+        key = (tag if (tag and tag == own) else None, bool(service and tag == own))
         if key not in self.built:
             codes = None
-            if key is not None:
+            sources = self.sources
+            if key[0] is not None:
                 import marshal
                 codes = marshal.dumps({
                     name: compile(src, "<gxp>/" + name.replace(".", "/") + ".py", "exec")
                     for name, src in self.sources.items()})
-            self.built[key] = build_payload(self.sources, codes)
+                if key[1]:
+                    sources = {}
+            self.built[key] = build_payload(sources, codes)
         return self.built[key]
 
 

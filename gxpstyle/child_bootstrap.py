@@ -142,7 +142,8 @@ class ChildStart:
         self.link = Link(self.loop, self.rfd, self.wfd, self.child,
                          self.node.on_child_frame, self.node.on_child_close)
         self.link.starting = self
-        self.link.send_frame(bootstrap.payload_wire(self.node.payloads.for_tag(tag)))
+        self.link.send_frame(bootstrap.payload_wire(
+            self.node.payloads.for_tag(tag, service=bool(self.spec.get("role")))))
         self.link.send(self.child, self.node.id, self.node.hello_for(
             self.child, self.target, self.spec.get("role"), self.spec.get("role_config")))
         self.link.feed_initial(rest)

@@ -122,3 +122,23 @@ def test_agent_payload_stays_small():
     assert len(z) < len(zc) < 96 * 1024, "precompiled payload grew to %d bytes" % len(zc)
     assert cache.for_tag("cpython-27") == (digest, z)
     assert len(bootstrap.stage1_argument()) < 1024
+
+
+def test_payload_built_by_the_head_is_taken_only_for_our_interpreter():
+    """After a module push the head ships the service children's payload
+    prebuilt (code only); an agent keeps it for its own cache tag only, and
+    only if well-formed; explored children still get sources."""
+    import sys
+    tag = sys.implementation.cache_tag
+    head = bootstrap.PayloadCache(bootstrap.head_sources())
+    agent = bootstrap.PayloadCache(bootstrap.head_sources())
+    built = head.for_tag(tag, service=True)
+    assert len(built[1]) < len(head.for_tag(tag)[1])    # no sources in it
+    assert agent.preset(tag, list(built))
+    assert agent.for_tag(tag, service=True) == built
+    assert agent.for_tag(tag) == head.for_tag(tag)      # not the service payload
+    assert not agent.preset("cpython-27", list(built))
+    assert not agent.preset(tag, [b"x"]) and not agent.preset(tag, "xy") and not agent.preset(tag, [1, 2])
+    # a later push clears what was built, preset or not
+    agent.add({"sshfsmux": "# new\n"})
+    assert (tag, True) not in agent.built
