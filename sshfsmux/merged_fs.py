@@ -45,7 +45,23 @@ import stat
 import threading
 import time
 
-from mfusepy import FuseOSError, Operations, fuse_get_context
+
+def _prefer_libfuse3() -> None:
+    """mfusepy loads libfuse 2 when both are installed (common: bindfs and
+    many desktop tools pull in libfuse2). Our mounts are written for libfuse 3
+    (max_threads, rename flags, fuse_config): point mfusepy at it unless the
+    user chose a library with FUSE_LIBRARY_PATH."""
+    if os.environ.get("FUSE_LIBRARY_PATH"):
+        return
+    from ctypes.util import find_library
+    path = find_library("fuse3")
+    if path:
+        os.environ["FUSE_LIBRARY_PATH"] = path
+
+
+_prefer_libfuse3()
+
+from mfusepy import FuseOSError, Operations, fuse_get_context  # noqa: E402
 
 from .branch import Branch, ReadHandle, WriteHandle
 

@@ -44,6 +44,23 @@ TIMEOUT = 60
 # in-process tests of the pieces (no bed, no FUSE)
 # --------------------------------------------------------------------------
 
+def test_libfuse3_is_chosen_when_libfuse2_is_installed_too():
+    """mfusepy alone prefers libfuse 2 (bindfs and many tools install it); ours
+    asks for libfuse 3 unless the user set FUSE_LIBRARY_PATH."""
+    from ctypes.util import find_library
+    if not find_library("fuse3"):
+        pytest.skip("libfuse3 is not installed")
+    code = ("import os, sys; import sshfsmux.merged_fs, mfusepy; "
+            "print(os.environ.get('FUSE_LIBRARY_PATH'), mfusepy.fuse_version_major)")
+    env = {k: v for k, v in os.environ.items() if k != "FUSE_LIBRARY_PATH"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == [find_library("fuse3"), "3"]
+    env["FUSE_LIBRARY_PATH"] = "/nonexistent/libfuse-chosen-by-user.so"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "libfuse-chosen-by-user" in r.stderr   # the user's choice is kept
+
+
 def test_options_parse_like_sshfs():
     from sshfsmux.mount_options import UsageError, parse
     o = parse(["-o", "port=2222,IdentityFile=~/k,reconnect", "-oro", "-f",
