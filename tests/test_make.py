@@ -143,3 +143,26 @@ def test_fallbacks_and_errors_are_one_line(gxp, workdir):
     r = gxp.run("make", "--help")
     assert r.returncode == 0 and "usage: gxpc make" in r.stdout
     assert re.search(r"make --help", r.stdout)
+
+
+def test_a_node_lost_mid_recipe_runs_the_recipe_again_elsewhere(gxp, workdir):
+    gxp.ok("explore", "--local", "2")
+    gxp.run("e", 'test "$GXP_NODE_ID" != 0')
+    gxp.ok("smask")                     # agents only: the head cannot be killed here
+    with open(os.path.join(workdir, "Makefile"), "w") as f:
+        f.write("out:\n\techo $$GXP_NODE_ID >> attempts; sleep 4; echo made > $@\n")
+    p = gxp.popen("make", cwd=workdir)
+    attempts = os.path.join(workdir, "attempts")
+    deadline = time.monotonic() + 20
+    while not (os.path.exists(attempts) and open(attempts).read().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first = open(attempts).read().split()[0]
+    pids = {line.split()[0]: int(line.rsplit("pid=", 1)[1].split()[0])
+            for line in gxp.ok("stat").stdout.splitlines()[1:] if "pid=" in line}
+    os.kill(pids[first], signal.SIGKILL)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert "running it again on another node" in err and err.count("gxpc make:") == 1
+    tried = open(attempts).read().split()
+    assert len(tried) == 2 and tried[0] == first and tried[1] != first
+    assert open(os.path.join(workdir, "out")).read() == "made\n"
