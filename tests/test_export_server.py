@@ -17,6 +17,7 @@ import pytest
 
 from gxpstyle import link_auth, serializer, wire
 from sshfsmux import confined_paths, direct_branch, export_server, fs_protocol
+from test_link_auth import send_and_drain
 
 SECRET = os.urandom(32)
 KEY = fs_protocol.data_channel_key(SECRET)
@@ -195,25 +196,6 @@ class Raw:
 
 def raw(server, **kw):
     return Raw(server.port, cipher=server.cipher, pin=server.test_pin, **kw)
-
-
-def send_and_drain(port, data):
-    """Unauthenticated bytes in; whatever the server says until it closes."""
-    got = b""
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    try:
-        s.sendall(data)
-        s.shutdown(socket.SHUT_WR)
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            got += chunk
-    except OSError:
-        pass
-    finally:
-        s.close()
-    return got
 
 
 class Relay:

@@ -56,10 +56,11 @@ def connect(port):
 
 def send_and_drain(port, data):
     """Send data, then read what the server says until it closes. A reset (the
-    server closed with our bytes unread) counts as the server saying nothing more."""
+    server closed with our bytes unread) counts as the server saying nothing
+    more; a server that cannot be reached at all is an error, not silence."""
     got = b""
+    s = connect(port)
     try:
-        s = connect(port)
         s.sendall(data)
         s.shutdown(socket.SHUT_WR)
         while True:
@@ -67,13 +68,10 @@ def send_and_drain(port, data):
             if not chunk:
                 break
             got += chunk
-    except (ConnectionResetError, BrokenPipeError, OSError):
+    except OSError:
         pass
     finally:
-        try:
-            s.close()
-        except (OSError, UnboundLocalError):
-            pass
+        s.close()
     return got
 
 
