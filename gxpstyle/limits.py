@@ -1,0 +1,54 @@
+"""The ranges of every number a user gives, defined once.
+
+The command line, the YAML loader and the session daemon's request schemas all
+check against these, so `--fanout 0`, `fanout: 0` in a cluster file and a
+library call with fanout 0 get the same answer.
+
+Shipped to agents: standard library only, Python 3.8 syntax.
+"""
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
+    from typing import Dict, Tuple, Union
+    Number = Union[int, float]
+
+# name -> (lowest, highest, what it is, in the user's words)
+RANGES: "Dict[str, Tuple[Number, Number, str]]" = {
+    # Agents one `explore --local` starts on this machine. Each is a Python
+    # process of ~10 MB; 10,000 is far past what one machine holds usefully.
+    "local": (0, 10000, "local agents"),
+    # Children one agent bootstraps at once.
+    "fanout": (1, 1000, "children per agent"),
+    # Seconds one host's bootstrap may take (a batch queue may need hours).
+    "timeout": (0.1, 7 * 24 * 3600.0, "seconds"),
+    "port": (1, 65535, "a TCP port"),
+    # Slots (CPUs) a node offers or a recipe takes.
+    "slots": (1, 4096, "slots"),
+}
+
+
+class RangeError(ValueError):
+    """A number out of its documented range; the message is for the user."""
+
+
+def check(name: str, value: "Number", what: str = "") -> "Number":
+    """`value` if it is inside RANGES[name], else RangeError naming the range."""
+    lo, hi, unit = RANGES[name]
+    label = what or name
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise RangeError("%s must be a number, got %r" % (label, value))
+    if isinstance(lo, int) and isinstance(hi, int) and not isinstance(value, int):
+        if value != int(value):
+            raise RangeError("%s must be a whole number, got %r" % (label, value))
+        value = int(value)
+    if not lo <= value <= hi:
+        raise RangeError("%s must be from %s to %s (%s), got %s" % (label, _fmt(lo), _fmt(hi),
+                                                                    unit, _fmt(value)))
+    return value
+
+
+def _fmt(x: "Number") -> str:
+    if isinstance(x, float) and x == int(x):
+        return str(int(x))
+    return str(x)
