@@ -8,5 +8,11 @@ setup(
     python_requires=">=3.8",
     install_requires=["paramiko>=3.0", "PyYAML>=6.0", "mfusepy>=1.0"],
     extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
-    entry_points={"console_scripts": ["gxpc = gxpstyle.cli:main", "sshfsm = sshfsmux.sshfsm:main"]},
+    entry_points={
+        "console_scripts": ["gxpc = gxpstyle.cli:main", "sshfsm = sshfsmux.sshfsm:main"],
+        # Services the session daemon loads (gxpstyle/services.py): the core
+        # never imports these packages itself.
+        "gxpstyle.services": ["gmount = sshfsmux.gmount_control:GMountService",
+                              "make = make_backend.make_service:MakeService"],
+    },
 )

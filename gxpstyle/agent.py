@@ -53,7 +53,8 @@ class Node:
         self.children: Dict[str, Link] = {}
         self.starting: Dict[str, "child_bootstrap.ChildStart"] = {}
         self.started: Dict[str, "child_bootstrap.ChildStart"] = {}
-        self.jobs = JobRunner(self.loop, self.id, self.send, self.backlog)
+        self.jobs = JobRunner(self.loop, self.id, self._job_send, self.backlog)
+        self.notify_jobs: set = set()   # (requester, job) whose end the head wants to hear
         self.session_dir: Optional[str] = None
         self.listener: Any = None   # link_auth.Listener, imported on first use (ssl is slow to import)
         self.batch_waiting: Dict[str, "child_bootstrap.ChildStart"] = {}
@@ -68,6 +69,16 @@ class Node:
     # -- sending and routing ---------------------------------------------
     def backlog(self) -> int:
         return self.parent.queued if self.parent is not None else 0
+
+    def _job_send(self, dst: str, msg: Dict[str, Any]) -> None:
+        """What the job runner says goes to the job's requester; a job's end
+        goes to the head too when the exec asked (`notify`): the head keeps its
+        books from that, without decoding the client's output frames."""
+        self.send(dst, msg)
+        if msg["op"] == "exit" and (dst, msg["job"]) in self.notify_jobs:
+            self.notify_jobs.discard((dst, msg["job"]))
+            self.send(wire.HEAD, {"op": "done", "job": msg["job"], "client": dst,
+                                  "status": msg["status"], "error": msg["error"]})
 
     def send(self, dst: str, msg: Dict[str, Any]) -> None:
         self.route_frame(dst, wire.encode_frame(dst, self.id, msg), None)
@@ -96,8 +107,12 @@ class Node:
         except wire.FrameError:
             return
         if msg["op"] == "exec":
-            self.send(src, {"op": "exit", "job": msg["job"], "status": 255,
-                            "error": "node %s is not reachable" % dst})
+            exit_msg = {"op": "exit", "job": msg["job"], "status": 255,
+                        "error": "node %s is not reachable" % dst}
+            self.send(src, exit_msg)
+            if msg.get("notify"):
+                self.send(wire.HEAD, {"op": "done", "job": msg["job"], "client": src,
+                                      "status": 255, "error": exit_msg["error"]})
 
     def deliver(self, src: str, body: bytes, from_link: Optional[Link]) -> None:
         try:
@@ -168,12 +183,14 @@ class Node:
                 self.log("[%s stderr] %s" % (child, line[:500]))
 
     def hello_for(self, child: str, target: str, role: Optional[str] = None,
-                  role_config: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                  role_config: Optional[Dict[str, Any]] = None,
+                  role_module: Optional[str] = None) -> Dict[str, Any]:
         opts = dict(self.opts)
-        opts.pop("role", None)
-        opts.pop("role_config", None)
+        for k in ("role", "role_config", "role_module"):
+            opts.pop(k, None)
         if role:
             opts["role"] = role
+            opts["role_module"] = role_module or ""
             opts["role_config"] = role_config or {}
         return {"op": "hello", "id": child, "name": target, "session": self.session,
                 "secret": self.secret, "opts": opts}
@@ -182,7 +199,7 @@ class Node:
     def op_ready(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         starting = getattr(link, "starting", None) if link is not None else None
         if starting is not None and link.peer == src:
-            info = {k: msg[k] for k in ("hostname", "pid", "python", "user") if k in msg}
+            info = {k: msg[k] for k in ("hostname", "pid", "python", "user", "ncpu") if k in msg}
             if isinstance(msg.get("service"), dict):
                 info["service"] = msg["service"]
             starting.ready(info)
@@ -233,6 +250,8 @@ class Node:
             cs._finish(False, str(e))
 
     def op_exec(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        if msg.get("notify"):
+            self.notify_jobs.add((src, msg["job"]))
         self.jobs.start(src, msg)
 
     def op_stdin(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
@@ -274,8 +293,9 @@ class Node:
         self.payloads.add(sources)
         if isinstance(msg.get("tag"), str):
             self.payloads.preset(msg["tag"], msg.get("payload"))
-        for child, link in list(self.children.items()):
-            link.send(child, wire.HEAD, msg)
+        if msg.get("forward", True):
+            for child, link in list(self.children.items()):
+                link.send(child, wire.HEAD, msg)
 
     def op_log(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         if self.id == wire.HEAD:
@@ -493,18 +513,18 @@ def main(fds: Tuple[int, int]) -> None:
         user = str(os.getuid())
     ready = {"op": "ready", "id": node.id, "hostname": os.uname().nodename,
              "pid": os.getpid(), "python": sys.version.split()[0], "user": user,
-             "ncpu": os.cpu_count() or 1}
+             "ncpu": usable_cpus()}
     role = hello["opts"].get("role")
     runner = None
     if role:
         # A service node: its module (pushed by the head) sets it up and may
         # take over the main thread (FUSE wants it); the loop then runs beside.
         try:
-            module = _role_module(role)
+            module = _role_module(str(hello["opts"].get("role_module") or ""))
             service, runner = module.start(node, dict(hello["opts"].get("role_config") or {}))
             ready["service"] = service
         except Exception as e:
-            ready["service"] = {"error": "%s: %s" % (e.__class__.__name__, e)}
+            ready["service"] = {"error": describe_error(e)}
     node.send(parent_id, ready)
     if runner is not None:
         import threading
@@ -519,11 +539,33 @@ def main(fds: Tuple[int, int]) -> None:
     os._exit(node.exit_code)
 
 
-ROLES = {"gmount": "sshfsmux.gmount_node"}
+def usable_cpus() -> int:
+    """CPUs this process may run on: a batch allocation or `taskset` limits
+    them below what the machine has, and the head fills nodes by this."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
-def _role_module(role: str) -> Any:
-    if role not in ROLES:
-        raise ValueError("unknown role %r" % role)
+def describe_error(e: BaseException) -> str:
+    """One line in the user's words: the message a ValueError or OSError
+    carries, never a class name; anything else is a bug and says so."""
+    if isinstance(e, OSError) and e.strerror:
+        return "%s: %s" % (e.filename, e.strerror) if e.filename else e.strerror
+    text = (str(e).strip().splitlines() or [""])[0]
+    if isinstance(e, ValueError) and text:
+        return text
+    return "internal error: %s" % (text or "no detail")
+
+
+def _role_module(name: str) -> Any:
+    """A role's code: a module the head pushed (never one of the core's own)."""
+    if not bootstrap.pushable(name):
+        raise ValueError("role module %r is not one the head may push" % name)
     import importlib
-    return importlib.import_module(ROLES[role])
+    module = importlib.import_module(name)
+    loader = getattr(getattr(module, "__spec__", None), "loader", None)
+    if type(loader).__name__ != "_GxpImporter":
+        raise ValueError("role module %r was not pushed by the head" % name)
+    return module

@@ -31,7 +31,7 @@ PROCESS_TAG = "gxp-agent"
 # The modules an agent needs. Everything else (planning, CLI, paramiko, YAML)
 # stays on the head.
 AGENT_MODULES: List[str] = [
-    "gxpstyle.serializer", "gxpstyle.wire", "gxpstyle.event_loop", "gxpstyle.links",
+    "gxpstyle.serializer", "gxpstyle.schema", "gxpstyle.wire", "gxpstyle.event_loop", "gxpstyle.links",
     "gxpstyle.job_runner", "gxpstyle.channels", "gxpstyle.link_auth",
     "gxpstyle.bootstrap", "gxpstyle.child_bootstrap", "gxpstyle.agent",
 ]
@@ -133,13 +133,15 @@ def head_sources() -> Dict[str, str]:
     return {name: inspect.getsource(importlib.import_module(name)) for name in AGENT_MODULES}
 
 
-# Modules the head may push into live agents (mount code and what it needs).
-PUSHABLE_PREFIXES = ("sshfsmux", "mfusepy", "make_backend")
+# Modules the head may push into live agents: any but the core's own (a push
+# must never replace the agent's code), by a plain dotted name.
 MAX_MODULES_BLOB = 16 << 20
 
 
 def pushable(name: str) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in PUSHABLE_PREFIXES)
+    parts = name.split(".")
+    return (bool(name) and parts[0] != "gxpstyle"
+            and all(p.isidentifier() for p in parts))
 
 
 def module_sources(names: "List[str]") -> Dict[str, str]:
@@ -203,13 +205,17 @@ class PayloadCache:
 
     def __init__(self, sources: Dict[str, str]) -> None:
         self.sources = sources
+        # Modules the head pushed: only service children get them. An agent
+        # explored after a mount still gets the small payload (the mount code
+        # is three times the agent's own).
+        self.extra: Dict[str, str] = {}
         self.built: "Dict[Tuple[Optional[str], bool], Tuple[bytes, bytes]]" = {}
 
     def add(self, sources: Dict[str, str]) -> None:
-        """More modules (pushed by the head): later children get them at bootstrap."""
-        if any(self.sources.get(k) != v for k, v in sources.items()):
-            self.sources.update(sources)
-            self.built.clear()
+        """More modules (pushed by the head): later service children get them."""
+        if any(self.extra.get(k) != v for k, v in sources.items()):
+            self.extra.update(sources)
+            self.built = {k: v for k, v in self.built.items() if not k[1]}
 
     def preset(self, tag: str, payload: "Any") -> bool:
         """A service payload the head built for `tag` after a module push:
@@ -229,16 +235,18 @@ class PayloadCache:
         code it gets code only, no sources: a third less to send to every node."""
         import sys
         own = sys.implementation.cache_tag
-        key = (tag if (tag and tag == own) else None, bool(service and tag == own))
+        key = (tag if (tag and tag == own) else None, bool(service))
         if key not in self.built:
             codes = None
-            sources = self.sources
+            sources = dict(self.sources)
+            if service:
+                sources.update(self.extra)
             if key[0] is not None:
                 import marshal
                 codes = marshal.dumps({
                     name: compile(src, "<gxp>/" + name.replace(".", "/") + ".py", "exec")
-                    for name, src in self.sources.items()})
-                if key[1]:
+                    for name, src in sources.items()})
+                if service:
                     sources = {}
             self.built[key] = build_payload(sources, codes)
         return self.built[key]

@@ -13,12 +13,16 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from gxpstyle import bootstrap, hostpattern, session, spanning_tree, use_rules, wire
-from gxpstyle.agent import Node
+from gxpstyle import bootstrap, hostpattern, services, session, use_rules, wire
+from gxpstyle.agent import Node, usable_cpus
+from gxpstyle.exec_service import ExecService
+from gxpstyle.explorer import ExploreService
 from gxpstyle.links import Link
+from gxpstyle.schema import SchemaError
+from gxpstyle.services import JobTable, Service, Verb
 
 
 @dataclass
@@ -35,7 +39,7 @@ class NodeInfo:
     python: str = ""
     bootstrap_seconds: float = 0.0
     next_child: int = 1
-    role: str = ""             # "" for an explored host; "gmount" for a mount service
+    role: str = ""             # "" for an explored host; a service's role (e.g. "gmount")
     slots: int = 1             # CPUs the node reported: recipes it can run at once
 
     @classmethod
@@ -58,25 +62,9 @@ class NodeInfo:
         return out
 
 
-@dataclass
-class Exploration:
-    client: str
-    req: int
-    started: float
-    pending: Dict[int, Tuple[spanning_tree.Assignment, str]] = field(default_factory=dict)
-    waiting: Dict[str, List[spanning_tree.Assignment]] = field(default_factory=dict)
-    up: List[str] = field(default_factory=list)
-    failed: Dict[str, str] = field(default_factory=dict)
-    timeout: float = 20.0
-    fanout: int = 8
-    key: int = 0
-    # True while req_explore is still dispatching: a spawn on the head itself can
-    # fail synchronously, and must not end the exploration before the rest starts.
-    planning: bool = True
-    host_settings: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-
-
 class Head(Node):
+    """Node "0": the tree's bookkeeping, the client socket, and the services."""
+
     def __init__(self, session_dir: str, log_path: str) -> None:
         self.session_dir_head = session_dir
         self.log_file = open(log_path, "a", buffering=1)
@@ -87,30 +75,33 @@ class Head(Node):
         self.tree: Dict[str, NodeInfo] = {
             wire.HEAD: NodeInfo(wire.HEAD, "head", None, "-", socket.gethostname(),
                                 pid=os.getpid(), user=_user(), python=sys.version.split()[0],
-                                slots=os.cpu_count() or 1)}
-        self.rules: List[use_rules.UseRule] = []
+                                slots=usable_cpus())}
         self.clients: Dict[str, Link] = {}
         self.client_seq = 0
         self.req_seq = 0
-        self.job_seq = 0
-        self.explorations: Dict[int, Exploration] = {}
-        self.spawn_reqs: Dict[int, Tuple[Exploration, spanning_tree.Assignment, str]] = {}
-        self.jobs_out: Dict[Tuple[str, int], Dict[str, Optional[int]]] = {}
-        self.last_status: Dict[str, int] = {}
-        self.mask: Optional[Set[str]] = None
-        self.saved_masks: Dict[str, Set[str]] = {}
-        self.cwd: Optional[str] = None
-        self.env: Dict[str, Optional[str]] = {}
         self.quit_client: Optional[Tuple[str, int]] = None
         self.listen_sock: Optional[socket.socket] = None
-        # Other head-side controllers (GMount) wait for spawn and service replies.
-        self.spawn_hooks: Dict[int, Any] = {}
-        self.svc_hooks: Dict[int, Any] = {}
-        self.pushed: Set[str] = set()
-        from sshfsmux.gmount_control import GMountControl
-        self.gmount = GMountControl(self)
-        from make_backend.scheduler import MakeScheduler
-        self.make = MakeScheduler()
+        # Replies from role nodes (spawned, svc_reply) go to whoever asked.
+        self.spawn_hooks: Dict[int, Tuple[str, Callable[[Dict[str, Any], str], None]]] = {}
+        self.svc_hooks: Dict[int, Tuple[str, Callable[[bool, str, Dict[str, Any]], None]]] = {}
+        # Pushed modules, and the nodes that hold the current set.
+        self.pushed: Dict[str, str] = {}
+        self.pushed_to: Set[str] = set()
+        self.job_table = JobTable(self)
+        self.explorer = ExploreService(self)
+        self.shell = ExecService(self)
+        self.services: List[Service] = [self.explorer, self.shell] + services.load_plugins(self)
+        self.verbs: Dict[str, Tuple[Service, Verb]] = {
+            "ping": (self.shell, Verb(self.req_ping)),
+            "stat": (self.shell, Verb(self.req_stat)),
+            "quit": (self.shell, Verb(self.req_quit)),
+        }
+        for svc in self.services:
+            for name, verb in svc.verbs().items():
+                if name in self.verbs:
+                    self.write_log("service %s: verb %s is taken; ignored" % (svc.name, name))
+                    continue
+                self.verbs[name] = (svc, verb)
         try:
             from gxpstyle import paramiko_channel
             self.extra_channels["paramiko"] = lambda cs: paramiko_channel.start(self, cs)
@@ -135,9 +126,13 @@ class Head(Node):
         self.loop.add_reader(s.fileno(), self._accept)
 
     def _accept(self) -> None:
+        assert self.listen_sock is not None
         try:
             conn, _ = self.listen_sock.accept()
         except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:   # EMFILE and friends: refuse this one, keep serving
+            self.write_log("accept failed: %s" % e.strerror)
             return
         uid = session.peer_uid(conn)
         if uid != os.getuid():
@@ -158,27 +153,22 @@ class Head(Node):
             return
         cid = link.peer
         if msg["op"] == "request":
-            try:
-                self.handle_request(cid, msg)
-            except (use_rules.RuleError, hostpattern.PatternError, ValueError) as e:
-                self.reply(cid, msg["req"], 2, {"error": str(e)})
-            return
-        if msg["op"] in ("kill", "stdin") and dst in self.tree:
-            # Clients address jobs on nodes directly; the source is always the client.
+            self.handle_request(cid, msg)
+        elif msg["op"] in ("kill", "stdin") and dst in self.tree and dst != wire.HEAD:
+            # Clients address jobs on nodes directly; the source is always the
+            # client, so a client reaches only its own jobs.
             self.route_frame(dst, wire.encode_frame(dst, cid, msg), link)
+        elif msg["op"] in ("kill", "stdin") and dst == wire.HEAD:
+            self.deliver(cid, body, link)
 
     def on_client_close(self, link: Link, why: str) -> None:
         cid = link.peer
         if why != "link closed":
             self.write_log("client %s dropped: %s" % (cid, why))
         self.clients.pop(cid, None)
-        for key in self.make.jobs_of(cid):
-            self.make.finished(key)
-        for key in [k for k in self.jobs_out if k[0] == cid]:
-            for node, status in self.jobs_out.pop(key).items():
-                if status is None:
-                    self.route_frame(node, wire.encode_frame(
-                        node, cid, {"op": "kill", "job": key[1], "sig": signal.SIGKILL}), None)
+        self.job_table.client_closed(cid)
+        for svc in self.services:
+            self._guarded(svc.client_closed, "client_closed", cid)
 
     def reply(self, cid: str, req: int, status: int, result: Dict[str, Any]) -> None:
         self.send(cid, {"op": "reply", "req": req, "status": status, "result": result})
@@ -187,48 +177,53 @@ class Head(Node):
         self.send(cid, {"op": "print", "req": req, "stream": stream,
                         "data": (text + "\n").encode()})
 
+    def deliver_to_client(self, cid: str, src: str, msg: Dict[str, Any]) -> None:
+        """A message to a client as if from node `src` (answers for lost nodes)."""
+        self.route_frame(cid, wire.encode_frame(cid, src, msg), None)
+
     # -- routing to clients --------------------------------------------------
     def route_up(self, dst: str, frame: bytes) -> None:
+        # Frames for clients pass through undecoded: the head learns of job
+        # ends from `done`, not by reading every output frame.
         link = self.clients.get(dst)
-        if link is None:
-            return
-        try:
-            _, src, body = wire.split_frame(frame[4:])
-            msg = wire.decode_message(body)
-        except wire.FrameError:
-            return
-        if msg["op"] == "exit":
-            self._job_exit(dst, msg["job"], src, msg["status"])
-        link.send_frame(frame)
-
-    def _job_exit(self, cid: str, job: int, node: str, status: int) -> None:
-        out = self.jobs_out.get((cid, job))
-        if out is None or node not in out:
-            return
-        self.make.finished((cid, job))
-        out[node] = status
-        if all(v is not None for v in out.values()):
-            del self.jobs_out[(cid, job)]
-            self.last_status = dict(out)  # type: ignore[arg-type]
+        if link is not None:
+            link.send_frame(frame)
 
     # -- requests ------------------------------------------------------------
     def handle_request(self, cid: str, msg: Dict[str, Any]) -> None:
-        cmd, args, req = msg["cmd"], msg["args"], msg["req"]
-        handler = getattr(self, "req_" + cmd, None)
-        if handler is None:
-            self.reply(cid, req, 2, {"error": "unknown command %s" % cmd})
+        cmd, req = msg["cmd"], msg["req"]
+        entry = self.verbs.get(cmd)
+        if entry is None:
+            self.reply(cid, req, 2, {"error": "unknown command %r" % cmd})
             return
-        handler(cid, req, args)
+        svc, verb = entry
+        try:
+            args = verb.args.check(msg["args"], cmd)
+            verb.handler(cid, req, args)
+        except (SchemaError, use_rules.RuleError, hostpattern.PatternError, ValueError) as e:
+            self.reply(cid, req, 2, {"error": services.describe_error(e)})
+        except Exception as e:
+            # A bug in one handler fails that request; the session goes on.
+            services.log_exception(self, "request %s" % cmd)
+            self.reply(cid, req, 1, {"error": "%s: internal error: %s (details in %s)" % (
+                cmd, services.describe_error(e), self.log_file.name)})
+
+    def _guarded(self, fn: Callable[..., None], what: str, *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            services.log_exception(self, what)
+
+    def deliver(self, src: str, body: bytes, from_link: Optional[Link]) -> None:
+        try:
+            super().deliver(src, body, from_link)
+        except Exception:
+            # A message that trips a handler is dropped and logged; the
+            # daemon, its tree and every other client go on.
+            services.log_exception(self, "message from %s" % src)
 
     def req_ping(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         self.reply(cid, req, 0, {"pid": os.getpid()})
-
-    def req_use(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        for r in args.get("rules", []):
-            rule = use_rules.rule_from_dict(r)
-            if all(old.to_dict() != rule.to_dict() for old in self.rules):
-                self.rules.append(rule)
-        self.reply(cid, req, 0, {"rules": [r.to_dict() for r in self.rules]})
 
     def req_stat(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         nodes = []
@@ -237,301 +232,143 @@ class Head(Node):
             if n.state in ("quit", "gone"):
                 continue
             nodes.append({"id": n.id, "name": n.name, "hostname": n.hostname,
-                          "channel": n.role or n.channel,
+                          "channel": n.role or n.channel, "role": n.role,
                           "state": n.state, "reason": n.reason, "pid": n.pid, "user": n.user,
-                          "python": n.python, "parent": n.parent or ""})
-        mask = sorted(self.mask, key=_id_key) if self.mask is not None else None
-        self.reply(cid, req, 0, {"nodes": nodes, "mask": mask,
-                                 "saved": {k: sorted(v) for k, v in self.saved_masks.items()},
-                                 "mounts": sorted(self.gmount.mounts)})
+                          "python": n.python, "parent": n.parent or "", "slots": n.slots})
+        result: Dict[str, Any] = {"nodes": nodes}
+        for svc in self.services:
+            result.update(svc.stat())
+        self.reply(cid, req, 0, result)
 
-    def req_cd(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        self.cwd = args.get("dir") or None
-        self.reply(cid, req, 0, {})
-
-    def req_export(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        for k, v in args.get("env", {}).items():
-            self.env[k] = v
-        self.reply(cid, req, 0, {})
-
-    # masks: GXP's smask / rmask / savemask
-    def req_smask(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        ok = {n for n, s in self.last_status.items() if s == 0}
-        self.mask = ok
-        self.reply(cid, req, 0, {"count": len(ok)})
-
-    def req_rmask(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        self.mask = None
-        self.reply(cid, req, 0, {})
-
-    def req_savemask(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        name = args["name"]
-        self.saved_masks[name] = {n for n, s in self.last_status.items() if s == 0}
-        self.reply(cid, req, 0, {"count": len(self.saved_masks[name])})
-
-    def select_nodes(self, args: Dict[str, Any]) -> List[str]:
-        up = [nid for nid, n in self.tree.items() if n.state == "up" and not n.role]
-        if args.get("mask"):
-            if args["mask"] not in self.saved_masks:
-                raise ValueError("no saved mask named %r" % args["mask"])
-            chosen = self.saved_masks[args["mask"]]
-        elif self.mask is not None:
-            chosen = self.mask
-        else:
-            chosen = set(up)
-        if args.get("hosts"):
-            pat = hostpattern.compile_pattern(args["hosts"])
-            chosen = {nid for nid in chosen
-                      if nid in self.tree and any(pat.match(x) for x in self.tree[nid].names())}
-        return sorted((nid for nid in up if nid in chosen), key=_id_key)
-
-    def req_e(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        nodes = self.select_nodes(args)
-        self.job_seq += 1
-        job = self.job_seq
-        self.jobs_out[(cid, job)] = {n: None for n in nodes}
-        names = {n: self.tree[n].name for n in nodes}
-        self.reply(cid, req, 0, {"job": job, "nodes": names})
-        if not nodes:
-            del self.jobs_out[(cid, job)]
-            return
-        env = dict(self.env)
-        env.update(args.get("env") or {})
-        for idx, nid in enumerate(nodes):
-            e = dict(env)
-            e.update({"GXP_NODE_ID": nid, "GXP_EXEC_IDX": str(idx), "GXP_NUM_EXECS": str(len(nodes)),
-                      "GXP_HOSTNAME": self.tree[nid].name})
-            # `gxpc cd` wins; otherwise the head runs where the user is, and
-            # the other nodes in their home directory.
-            cwd = self.cwd or (args.get("cwd") if nid == wire.HEAD else None)
-            msg = {"op": "exec", "job": job, "cmd": args["cmd"], "cwd": cwd, "env": e,
-                   "stdin": bool(args.get("stdin"))}
-            self.route_frame(nid, wire.encode_frame(nid, cid, msg), None)
-
-    def req_job(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        """One `gxpc make` recipe: the head picks the node (make_backend/scheduler.py),
-        then it runs like one node's share of `e`; output and exit go to the client."""
-        avoid = set(args.get("avoid") or [])
-        nodes = [n for n in self.select_nodes({}) if n not in avoid]
-        nid = self.make.pick([(n, self.tree[n].slots) for n in nodes])
-        if nid is None:
-            self.reply(cid, req, 1, {"error": "no node is up to run the recipe"})
-            return
-        self.job_seq += 1
-        job = self.job_seq
-        self.jobs_out[(cid, job)] = {nid: None}
-        self.make.started((cid, job), nid)
-        self.reply(cid, req, 0, {"job": job, "node": nid, "name": self.tree[nid].name})
-        env = dict(self.env)
-        env.update(args.get("env") or {})
-        env.update({"GXP_NODE_ID": nid, "GXP_HOSTNAME": self.tree[nid].name})
-        msg = {"op": "exec", "job": job, "cmd": args["cmd"], "cwd": args.get("cwd"), "env": env,
-               "stdin": False}
-        self.route_frame(nid, wire.encode_frame(nid, cid, msg), None)
-
-    # -- GMount (sshfsmux/gmount_control.py decides; services execute) ----------
-    def req_mount(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        self.gmount.request_mount(cid, req, args)
-
-    def req_umount(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        self.gmount.request_umount(cid, req, args)
-
-    # -- explore ---------------------------------------------------------------
-    def req_explore(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        fanout = int(args.get("fanout") or 8)
-        timeout = float(args.get("timeout") or 20.0)
-        rules = list(self.rules)
-        targets: List[str] = []
-        for r in args.get("rules", []):
-            rules.append(use_rules.rule_from_dict(r))
-        for pat in args.get("targets", []):
-            targets.extend(hostpattern.expand(pat))
-        local = int(args.get("local") or 0)
-        if local:
-            used = {n.name for n in self.tree.values()}
-            i = 1
-            while local:
-                name = "local%d" % i
-                if name not in used:
-                    targets.append(name)
-                    local -= 1
-                i += 1
-            rules.append(use_rules.make_rule("local", "*", "local*"))
-        ex = Exploration(cid, req, time.monotonic(), timeout=timeout, fanout=fanout,
-                         host_settings=dict(args.get("host_settings") or {}))
-        live_names = {n.name: nid for nid, n in self.tree.items() if n.state == "up"}
-        fresh = []
-        for t in targets:
-            if t in live_names or t in fresh:
-                continue
-            fresh.append(t)
-        live = [spanning_tree.PlanNode("id:" + nid, n.names() + (["head"] if nid == wire.HEAD else []),
-                                       nid.count("."), self._live_children(nid), fanout)
-                for nid, n in self.tree.items() if n.state == "up"]
-
-        def fanout_for(target: str, rule: use_rules.UseRule) -> int:
-            return int(rule.options.get("fanout")
-                       or ex.host_settings.get(target, {}).get("fanout") or fanout)
-
-        plan = spanning_tree.plan(live, fresh, rules, fanout_for)
-        for target, why in plan.unreachable.items():
-            ex.failed[target] = why
-            self.say(cid, req, "gxpc: explore: %s: %s" % (target, why))
-        ex.key = self.new_req()
-        self.explorations[ex.key] = ex
-        for a in plan.assignments:
-            if not a.parent.startswith("id:"):
-                ex.waiting.setdefault(a.parent[2:], []).append(a)
-        for a in plan.assignments:
-            if a.parent.startswith("id:"):
-                self._dispatch(ex, a, a.parent[3:])
-        ex.planning = False
-        self._maybe_done(ex)
-
-    def _live_children(self, nid: str) -> int:
-        return sum(1 for n in self.tree.values() if n.parent == nid and n.state == "up")
-
-    def _new_child_id(self, parent: str) -> str:
-        info = self.tree[parent]
-        info.next_child += 1
-        return "%s.%d" % (parent, info.next_child - 1)
-
-    def _dispatch(self, ex: Exploration, a: spanning_tree.Assignment, parent: str) -> None:
-        child = self._new_child_id(parent)
-        spec = dict(a.rule.options)
-        spec["name"] = a.rule.channel
-        cluster = ex.host_settings.get(a.target, {})
-        if cluster.get("python") and "python" not in spec:
-            spec["python"] = cluster["python"]
-        timeout = float(spec.get("timeout") or cluster.get("timeout") or ex.timeout)
-        spec.setdefault("timeout", timeout)
-        req = self.new_req()
-        ex.pending[req] = (a, child)
-        self.spawn_reqs[req] = (ex, a, child)
-        self.send(parent, {"op": "spawn", "req": req, "child": child, "target": a.target,
-                           "channel": spec, "timeout": timeout})
-
+    # -- the tree --------------------------------------------------------------
     def new_req(self) -> int:
         self.req_seq += 1
         return self.req_seq
 
-    def spawn_service(self, parent: str, target: str, role: str, config: Dict[str, Any],
-                      timeout: float, done: Any) -> str:
-        """Start a role node under `parent`; done(ok, reason, info) when it is up."""
-        child = self._new_child_id(parent)
+    def new_child_id(self, parent: str) -> str:
+        info = self.tree[parent]
+        info.next_child += 1
+        return "%s.%d" % (parent, info.next_child - 1)
+
+    def node_up(self, nid: str, name: str, parent: str, channel: str, info: Dict[str, Any],
+                role: str = "") -> None:
+        self.tree[nid] = NodeInfo.from_ready(nid, name, parent, channel, info, role)
+        if not role:
+            self.shell.node_up(nid)
+
+    def op_spawned(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        hook = self.spawn_hooks.get(msg["req"])
+        if hook is not None:
+            if hook[0].rsplit(".", 1)[0] != src:
+                return   # only the parent we asked answers for its child
+            del self.spawn_hooks[msg["req"]]
+            hook[1](msg, src)
+            return
+        self.explorer.spawned(src, msg)
+
+    def op_done(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        self.job_table.done(src, msg["client"], msg["job"], msg["status"], msg["error"])
+
+    def op_out(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        self.job_table.output(src, msg["job"], msg["data"])
+
+    def op_exit(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        pass   # the head's own jobs end through `done`
+
+    def spawn_service(self, parent: str, target: str, role: str, role_module: str,
+                      config: Dict[str, Any], timeout: float,
+                      done: Callable[[bool, str, Dict[str, Any], str], None]) -> str:
+        """Start a role node under `parent`, running `role_module` (pushed
+        first with push_modules); done(ok, reason, info, child) when it is up."""
+        self.push_modules([], [parent])
+        child = self.new_child_id(parent)
         req = self.new_req()
 
         def spawned(msg: Dict[str, Any], src: str) -> None:
             if msg["ok"]:
-                self.tree[child] = NodeInfo.from_ready(child, target, parent, "local", msg["info"], role)
+                self.node_up(child, target, parent, "local", msg["info"], role)
             done(msg["ok"], msg["reason"], msg["info"], child)
         self.spawn_hooks[req] = (child, spawned)
         self.send(parent, {"op": "spawn", "req": req, "child": child, "target": target,
-                           "channel": {"name": "local", "role": role, "role_config": config},
+                           "channel": {"name": "local", "role": role, "role_module": role_module,
+                                       "role_config": config},
                            "timeout": timeout})
         return child
 
-    def call_service(self, node: str, call: str, args: Dict[str, Any], done: Any) -> None:
-        """Send a service call; done(ok, error, result) on the reply (or loss)."""
+    def call_service(self, node: str, call: str, args: Dict[str, Any],
+                     done: Callable[[bool, str, Dict[str, Any]], None]) -> None:
+        """Send a call to a role node; done(ok, error, result) on the reply (or loss)."""
         req = self.new_req()
         self.svc_hooks[req] = (node, done)
         self.send(node, {"op": "svc", "req": req, "call": call, "args": args})
 
     def op_svc_reply(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
-        entry = self.svc_hooks.pop(msg["req"], None)
+        entry = self.svc_hooks.get(msg["req"])
         if entry is not None and entry[0] == src:
+            del self.svc_hooks[msg["req"]]
             entry[1](msg["ok"], msg["error"], msg["result"])
 
-    def push_modules(self, names: List[str]) -> None:
-        """Make head modules importable on every agent (each link carries them once)."""
-        sources = bootstrap.module_sources(names)
-        fresh = {k: v for k, v in sources.items() if k not in self.pushed}
-        if not fresh:
+    def push_modules(self, names: List[str], nodes: Optional[List[str]] = None) -> None:
+        """Make head modules importable on `nodes` (default: every explored node).
+
+        They are kept apart from the agent payload, so agents explored later
+        still get the small payload; a node explored after the push gets the
+        modules when a service needs it. A push to every node crosses each link
+        once; a late node gets its own copy."""
+        if names:
+            sources = bootstrap.module_sources(names)
+            if any(self.pushed.get(k) != v for k, v in sources.items()):
+                self.pushed.update(sources)
+                self.pushed_to = set()
+                self.payloads.add(sources)
+        if not self.pushed:
             return
-        self.pushed.update(fresh)
-        blob = bootstrap.pack_modules(sources)
-        self.payloads.add(sources)
+        up = [nid for nid, n in self.tree.items() if n.state == "up" and not n.role
+              and nid != wire.HEAD]
+        want = [n for n in (nodes if nodes is not None else up)
+                if n != wire.HEAD and n not in self.pushed_to]
+        if not want:
+            return
+        blob = bootstrap.pack_modules(self.pushed)
         # Agents start service children with these modules: compile and compress
         # the children's payload once here, not once per agent (32 agents on a
         # few shared cores made that most of a first mount's time).
         tag = sys.implementation.cache_tag
         payload = list(self.payloads.for_tag(tag, service=True))
-        for child, link in list(self.children.items()):
-            link.send(child, self.id, {"op": "modules", "blob": blob, "tag": tag, "payload": payload})
-
-    def op_spawned(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
-        hook = self.spawn_hooks.pop(msg["req"], None)
-        if hook is not None:
-            hook[1](msg, src)
-            return
-        entry = self.spawn_reqs.pop(msg["req"], None)
-        if entry is None:
-            return
-        ex, a, child = entry
-        ex.pending.pop(msg["req"], None)
-        if msg["ok"] and msg["child"] == child:
-            self.tree[child] = NodeInfo.from_ready(child, a.target, src, a.rule.channel, msg["info"])
-            ex.up.append(a.target)
-            if self.mask is not None:
-                self.mask.add(child)
-            for waiting in ex.waiting.pop(a.target, []):
-                self._dispatch(ex, waiting, child)
+        msg = {"op": "modules", "blob": blob, "tag": tag, "payload": payload}
+        if nodes is None and not self.pushed_to:
+            for child in list(self.children):
+                self.send(child, dict(msg, forward=True))
+            self.pushed_to.update(up)
         else:
-            self._fail(ex, a.target, msg["reason"] or "failed")
-        self._maybe_done(ex)
-
-    def _fail(self, ex: Exploration, target: str, reason: str) -> None:
-        ex.failed[target] = reason
-        self.say(ex.client, ex.req, "gxpc: explore: %s: %s" % (target, reason))
-        for waiting in ex.waiting.pop(target, []):
-            self._fail(ex, waiting.target, "not explored: its gateway %s failed" % target)
-
-    def _maybe_done(self, ex: Exploration) -> None:
-        if ex.planning or ex.pending or ex.waiting:
-            return
-        if self.explorations.pop(ex.key, None) is None:
-            return
-        elapsed = time.monotonic() - ex.started
-        self.reply(ex.client, ex.req, 1 if ex.failed else 0,
-                   {"up": ex.up, "failed": ex.failed, "seconds": round(elapsed, 3)})
+            for nid in want:
+                self.send(nid, dict(msg, forward=False))
+                self.pushed_to.add(nid)
 
     # -- lost nodes ------------------------------------------------------------
     def op_lost(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         for lost in msg["ids"]:
-            if not isinstance(lost, str) or not wire.is_descendant(lost, src) or lost == src:
+            if not wire.is_descendant(lost, src) or lost == src:
                 continue
             for nid, n in self.tree.items():
                 if wire.is_descendant(nid, lost) and n.state == "up":
                     n.state = "lost"
                     n.reason = msg["reason"] if nid == lost else "parent %s lost" % lost
-                    if self.mask is not None:
-                        self.mask.discard(nid)
+            self.pushed_to = {n for n in self.pushed_to if not wire.is_descendant(n, lost)}
             self.write_log("lost %s: %s" % (lost, msg["reason"]))
-            # Controllers waiting on the lost subtree get their answer now.
+            # Whoever waits on the lost subtree gets its answer now.
             for req, (node, done) in list(self.svc_hooks.items()):
                 if wire.is_descendant(node, lost):
                     del self.svc_hooks[req]
-                    done(False, "node lost: %s" % msg["reason"], {})
+                    self._guarded(done, "svc loss", False, "node lost: %s" % msg["reason"], {})
             for req, (child, spawned) in list(self.spawn_hooks.items()):
                 if wire.is_descendant(child, lost):
                     del self.spawn_hooks[req]
-                    spawned({"ok": False, "reason": "parent lost", "info": {}, "child": child}, "")
-            self.gmount.nodes_lost(lost)
-            # Jobs on the lost subtree will never report: answer for them.
-            for (cid, job), out in list(self.jobs_out.items()):
-                for nid, status in out.items():
-                    if status is None and wire.is_descendant(nid, lost):
-                        frame = wire.encode_frame(cid, nid, {
-                            "op": "exit", "job": job, "status": 255,
-                            "error": "node lost: %s" % self.tree[nid].reason})
-                        self.route_up(cid, frame)
-            # Explorations waiting on a spawn from the lost subtree.
-            for req, (ex, a, child) in list(self.spawn_reqs.items()):
-                if wire.is_descendant(child, lost):
-                    del self.spawn_reqs[req]
-                    ex.pending.pop(req, None)
-                    self._fail(ex, a.target, "gateway lost during bootstrap")
-                    self._maybe_done(ex)
+                    self._guarded(spawned, "spawn loss", {"ok": False, "reason": "parent lost",
+                                                          "info": {}, "child": child}, "")
+            self.job_table.nodes_lost(lost, lambda nid: self.tree[nid].reason if nid in self.tree else "")
+            for svc in self.services:
+                self._guarded(svc.node_lost, "%s.node_lost" % svc.name, lost, msg["reason"])
 
     def op_bye(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         if src in self.tree:

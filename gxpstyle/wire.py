@@ -26,6 +26,8 @@ if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are st
     from typing import Any, Dict, List, Optional, Tuple
 
 from gxpstyle import serializer
+from gxpstyle.schema import (Any as _Any, Bool, Bytes, Choice, Int, ListOf, MapOf, Num,
+                             Opt, Rec, SchemaError, Str)
 
 MAX_FRAME = 4 << 20        # a frame body; file data travels in chunks well below this
 CHUNK = 256 << 10          # what senders put in one data frame
@@ -99,79 +101,104 @@ class FrameReader:
 
 
 # --- message schema ---------------------------------------------------------
-# op -> {field: type or tuple of types}. Unlisted fields are allowed (newer peers
-# may add some); listed ones must be present with the right type.
-_S = str
-_I = int
-_B = bool
-_BY = bytes
-_D = dict
-_L = list
-_O = (type(None), str)
+# op -> the shape of its message (gxpstyle/schema.py), nested fields included.
+# Messages are open records: a newer peer may add fields, which are kept but
+# never read; every field a handler reads is declared and checked here.
 
-SCHEMA: Dict[str, Dict[str, Any]] = {
+_ID = Str(MAX_ADDR, empty=False)
+_REQ = Int(0, (1 << 63) - 1)
+_JOB = Int(0, (1 << 63) - 1)
+_TEXT = Str(1 << 16)
+_MAP = MapOf(_Any())
+_STRS = ListOf(Str(1 << 16), 1024)
+
+# What a channel spec may carry (use-rule options, plus what the head and the
+# parent add): every field a channel or the bootstrap reads.
+CHANNEL = Rec({"name": Str(32, empty=False)}, {
+    "user": Str(256), "port": Int(1, 65535), "python": Str(4096), "template": Str(4096),
+    "queue": Str(256), "connect_host": Str(256), "job_time": Str(64),
+    "identity_file": Str(4096), "fanout": Int(1, 100000), "timeout": Num(0, 1e9),
+    "ssh_options": _STRS, "batch_options": _STRS, "tag": Str(512),
+    "role": Str(64), "role_module": Str(256), "role_config": _MAP,
+}, open=True)
+NODE_INFO = Rec(None, {"hostname": Str(1024), "pid": Int(0, 1 << 31), "python": Str(64),
+                       "user": Str(256), "ncpu": Int(1, 1 << 20), "service": _MAP}, open=True)
+
+SCHEMA: Dict[str, Rec] = {
     # tree management
-    "hello": {"id": _S, "name": _S, "session": _S, "secret": _BY, "opts": _D},
-    "ready": {"id": _S, "hostname": _S, "pid": _I, "python": _S, "user": _S},
-    "spawn": {"req": _I, "child": _S, "target": _S, "channel": _D, "timeout": (int, float)},
-    "spawned": {"req": _I, "child": _S, "ok": _B, "reason": _S, "info": _D},
-    "lost": {"ids": _L, "reason": _S},
-    "quit": {},
-    "bye": {"id": _S},
-    "ping": {"req": _I},
-    "pong": {"req": _I, "id": _S, "time": float},
-    "log": {"level": _S, "text": _S},
-    # jobs: a command with its cwd and environment, streamed output, exit, cancel
-    "exec": {"job": _I, "cmd": _S, "cwd": _O, "env": _D, "stdin": _B},
-    "stdin": {"job": _I, "data": _BY, "eof": _B},
-    "out": {"job": _I, "fd": _I, "data": _BY},
-    "exit": {"job": _I, "status": _I, "error": _S},
-    "kill": {"job": _I, "sig": _I},
+    "hello": Rec({"id": _ID, "name": Str(4096), "session": Str(256), "secret": Bytes(1024),
+                  "opts": Rec(None, {"cert": Str(1 << 16), "key": Str(1 << 16), "pin": Str(256),
+                                     "role": Str(64), "role_module": Str(256),
+                                     "role_config": _MAP}, open=True)}, open=True),
+    "ready": Rec({"id": _ID, "hostname": Str(1024), "pid": Int(0, 1 << 31), "python": Str(64),
+                  "user": Str(256)}, {"ncpu": Int(1, 1 << 20), "service": _MAP}, open=True),
+    "spawn": Rec({"req": _REQ, "child": _ID, "target": Str(4096, empty=False), "channel": CHANNEL,
+                  "timeout": Num(0, 1e9)}, open=True),
+    "spawned": Rec({"req": _REQ, "child": _ID, "ok": Bool(), "reason": _TEXT, "info": NODE_INFO},
+                   open=True),
+    "lost": Rec({"ids": ListOf(_ID, 1 << 16), "reason": _TEXT}, open=True),
+    "quit": Rec(open=True),
+    "bye": Rec({"id": _ID}, open=True),
+    "ping": Rec({"req": _REQ}, open=True),
+    "pong": Rec({"req": _REQ, "id": _ID, "time": Num()}, open=True),
+    "log": Rec({"level": Str(16), "text": _TEXT}, open=True),
+    # jobs: a command with its cwd and environment, streamed output, exit, cancel.
+    # `notify`: the node also tells the head the job ended (`done`), so the head
+    # keeps its books without decoding the client's output frames.
+    "exec": Rec({"job": _JOB, "cmd": Str(1 << 20), "cwd": Opt(Str(4096)),
+                 "env": MapOf(Opt(Str(1 << 20, nul=True)), 1 << 14), "stdin": Bool()},
+                {"notify": Bool()}, open=True),
+    "stdin": Rec({"job": _JOB, "data": Bytes(MAX_FRAME), "eof": Bool()}, open=True),
+    "out": Rec({"job": _JOB, "fd": Choice(1, 2), "data": Bytes(MAX_FRAME)}, open=True),
+    "exit": Rec({"job": _JOB, "status": Int(-(1 << 31), 1 << 31), "error": _TEXT}, open=True),
+    "done": Rec({"job": _JOB, "client": _ID, "status": Int(-(1 << 31), 1 << 31), "error": _TEXT},
+                open=True),
+    "kill": Rec({"job": _JOB, "sig": Int(1, 64)}, open=True),
     # node-to-node file transfer (head plans; agents move bytes)
-    "xfer_open": {"xfer": _I, "path": _S, "mode": _I, "size": _I},
-    "xfer_data": {"xfer": _I, "data": _BY},
-    "xfer_close": {"xfer": _I, "sha256": _S},
-    "xfer_done": {"xfer": _I, "ok": _B, "error": _S},
-    # calls to a node's role (service), e.g. GMount's per-node mount
-    "svc": {"req": _I, "call": _S, "args": _D},
-    "svc_reply": {"req": _I, "ok": _B, "error": _S, "result": _D},
-    # more modules for live agents (zlib of a serialized {name: source}); crosses each link once
-    "modules": {"blob": _BY},
-    # client <-> session daemon
-    "request": {"req": _I, "cmd": _S, "args": _D},
-    "reply": {"req": _I, "status": _I, "result": _D},
-    "print": {"req": _I, "stream": _I, "data": _BY},
-    "error": {"text": _S},
+    "xfer_open": Rec({"xfer": _JOB, "path": Str(4096), "mode": Int(0, 0o7777),
+                      "size": Int(0, 1 << 62)}, open=True),
+    "xfer_data": Rec({"xfer": _JOB, "data": Bytes(MAX_FRAME)}, open=True),
+    "xfer_close": Rec({"xfer": _JOB, "sha256": Str(64)}, open=True),
+    "xfer_done": Rec({"xfer": _JOB, "ok": Bool(), "error": _TEXT}, open=True),
+    # calls to a node's role (a service such as GMount's per-node mount)
+    "svc": Rec({"req": _REQ, "call": Str(64), "args": _MAP}, open=True),
+    "svc_reply": Rec({"req": _REQ, "ok": Bool(), "error": _TEXT, "result": _MAP}, open=True),
+    # more modules for live agents (zlib of a serialized {name: source}); with
+    # forward, each link carries them once down the whole subtree
+    "modules": Rec({"blob": Bytes(MAX_FRAME)},
+                   {"tag": Str(64), "payload": Opt(ListOf(Bytes(MAX_FRAME), 2)),
+                    "forward": Bool()}, open=True),
+    # client <-> session daemon; a request's args are checked by its verb's schema
+    "request": Rec({"req": _REQ, "cmd": Str(64, empty=False), "args": _MAP}, open=True),
+    "reply": Rec({"req": _REQ, "status": Int(0, 255), "result": _MAP}, open=True),
+    "print": Rec({"req": _REQ, "stream": Choice(1, 2), "data": Bytes(MAX_FRAME)}, open=True),
+    "error": Rec({"text": _TEXT}, open=True),
     # sshfsmux direct data channel (sshfsmux/fs_protocol.py): calls, one reply
     # each, streamed data for whole-file reads and long listings
-    "fs_call": {"req": _I, "call": _S, "args": _D},
-    "fs_reply": {"req": _I, "errno": _I,
-                 "result": (type(None), bool, int, float, str, bytes, list, dict)},
-    "fs_data": {"req": _I, "data": _BY, "eof": _B},
+    "fs_call": Rec({"req": _REQ, "call": Str(64), "args": _MAP}, open=True),
+    "fs_reply": Rec({"req": _REQ, "errno": Int(0, 4096), "result": _Any()}, open=True),
+    "fs_data": Rec({"req": _REQ, "data": Bytes(MAX_FRAME), "eof": Bool()}, open=True),
 }
 
 
-def validate(msg: Any) -> Dict[str, Any]:
-    """Return msg if it is a known op with well-typed fields, else raise FrameError."""
+def validate(msg: Any, schema: "Optional[Dict[str, Rec]]" = None) -> Dict[str, Any]:
+    """The message, checked against its op's declared shape (nested fields
+    included), else FrameError with the reason."""
     if not isinstance(msg, dict):
         raise FrameError("message is not a dict")
     op = msg.get("op")
-    if not isinstance(op, str) or op not in SCHEMA:
+    table = SCHEMA if schema is None else schema
+    if not isinstance(op, str) or op not in table:
         raise FrameError("unknown op %r" % (op,))
-    for field, typ in SCHEMA[op].items():
-        if field not in msg:
-            raise FrameError("%s: missing field %s" % (op, field))
-        value = msg[field]
-        if isinstance(value, bool) and typ in (_I, (int, float)):
-            raise FrameError("%s: field %s has wrong type" % (op, field))
-        if not isinstance(value, typ):
-            raise FrameError("%s: field %s has wrong type" % (op, field))
-    return msg
-
-
-def decode_message(body: bytes) -> Dict[str, Any]:
     try:
-        return validate(serializer.loads(body))
+        return table[op].check(msg, op)
+    except SchemaError as e:
+        raise FrameError(str(e))
+
+
+def decode_message(body: bytes, schema: "Optional[Dict[str, Rec]]" = None) -> Dict[str, Any]:
+    try:
+        return validate(serializer.loads(body), schema)
     except serializer.DecodeError as e:
         raise FrameError(str(e))
 

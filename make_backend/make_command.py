@@ -72,10 +72,13 @@ def plan(stat: Dict[str, Any], cwd: str) -> str:
     """"remote", or "here" (no node but the head); raises MakeUsage when the
     working directory is not where the nodes can see it."""
     nodes = [n for n in stat.get("nodes", []) if n["state"] == "up" and n["id"] != "0"
-             and n["channel"] != "gmount"]
+             and not n.get("role")]
     if not nodes:
         return "here"
-    if all(n["channel"] == "local" for n in nodes):
+    # Nodes on this very machine (local agents, or any channel that came back
+    # to this host) see our files as we do.
+    here = [n["hostname"] for n in stat.get("nodes", []) if n["id"] == "0"]
+    if all(n["hostname"] in here for n in nodes):
         return "remote"
     if not on_shared_mount(cwd, stat.get("mounts", [])):
         shared = ", ".join(stat.get("mounts", [])) or "none yet: gxpc mount EXPORT MOUNTPOINT"

@@ -10,13 +10,24 @@ The head decides, the nodes execute. For a mount, the head
    export (direct branches).
 Name lookups go from each node to its peers directly; nothing on the per-lookup
 path goes through the head. `umount` asks every live service to unmount and
-exit; a service whose node died has nothing left to unmount (its mount died with
-it), and the survivors' mounts treat the dead peer as an unreachable branch.
+exit. A service that died while its node lives is reported lost like a node,
+and `umount` removes its dead mount there (lazily: `fusermount -u -z`); a node
+that died took its mount with it. The survivors' mounts treat a dead peer as an
+unreachable branch.
+
+A service of the core (gxpstyle/services.py): it registers the `mount` and
+`umount` verbs and hears when nodes are lost.
 """
 from __future__ import annotations
 
+import os
+import shlex
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Set
+from typing import Any, Callable, Dict, List, Set
+
+from gxpstyle import wire
+from gxpstyle.schema import Bool, Opt, Rec, Str
+from gxpstyle.services import Service, Verb
 
 MODULES = [
     "sshfsmux.branch", "sshfsmux.confined_paths", "sshfsmux.fs_protocol",
@@ -24,6 +35,18 @@ MODULES = [
     "sshfsmux.merged_fs", "sshfsmux.export_server", "sshfsmux.gmount_node", "mfusepy",
 ]
 SERVICE_TIMEOUT = 30.0
+ROLE = "gmount"
+ROLE_MODULE = "sshfsmux.gmount_node"
+
+MOUNT_ARGS = Rec({"export": Str(4096, empty=False), "mountpoint": Str(4096, empty=False)},
+                 {"ro": Bool(), "cipher": Bool()})
+UMOUNT_ARGS = Rec(None, {"mountpoint": Opt(Str(4096, empty=False))})
+
+
+def nested(a: str, b: str) -> bool:
+    """Is one of two absolute paths the other or inside it?"""
+    a, b = os.path.normpath(a), os.path.normpath(b)
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
 
 
 @dataclass
@@ -39,24 +62,39 @@ class Mount:
     mounted: List[str] = field(default_factory=list)
 
 
-class GMountControl:
+class GMountService(Service):
+    name = "gmount"
+
     def __init__(self, head: Any) -> None:
-        self.head = head
+        super().__init__(head)
         self.mounts: Dict[str, Mount] = {}
+        self._detaching: Dict[Any, Callable[[str], None]] = {}
+
+    def verbs(self) -> Dict[str, Verb]:
+        return {"mount": Verb(self.request_mount, MOUNT_ARGS),
+                "umount": Verb(self.request_umount, UMOUNT_ARGS)}
+
+    def stat(self) -> Dict[str, Any]:
+        return {"mounts": sorted(self.mounts)}
 
     def _name(self, nid: str) -> str:
         return self.head.tree[nid].name
 
     # -- mount ---------------------------------------------------------------------
     def request_mount(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        export, mountpoint = args.get("export"), args.get("mountpoint")
-        if not (isinstance(export, str) and isinstance(mountpoint, str)
-                and export.startswith("/") and mountpoint.startswith("/")):
-            self.head.reply(cid, req, 2, {"error": "mount: EXPORT and MOUNTPOINT must be absolute paths"})
-            return
-        if mountpoint in self.mounts:
-            self.head.reply(cid, req, 2, {"error": "mount: %s is already mounted in this session" % mountpoint})
-            return
+        export, mountpoint = args["export"], args["mountpoint"]
+        if not (export.startswith("/") and mountpoint.startswith("/")):
+            raise ValueError("mount: EXPORT and MOUNTPOINT must be absolute paths")
+        export, mountpoint = os.path.normpath(export), os.path.normpath(mountpoint)
+        if nested(export, mountpoint):
+            # A mount inside its own export would list itself forever.
+            raise ValueError("mount: the mountpoint %s and the export %s must not be inside "
+                             "each other" % (mountpoint, export))
+        for other in self.mounts.values():
+            if nested(mountpoint, other.mountpoint) or nested(export, other.mountpoint):
+                raise ValueError("mount: %s overlaps the session's mount at %s"
+                                 % (mountpoint if nested(mountpoint, other.mountpoint) else export,
+                                    other.mountpoint))
         # One service per host: agents that share a machine (local agents, two
         # names for one host) share its mount; the shallowest one serves it.
         nodes: List[str] = []
@@ -67,17 +105,16 @@ class GMountControl:
                 hosts.add(n.hostname)
                 nodes.append(nid)
         try:
-            self.head.push_modules(MODULES)
+            self.head.push_modules(MODULES, nodes)
         except ImportError as e:
-            self.head.reply(cid, req, 2, {"error": "mount: the mount code is not installed: %s" % e})
-            return
+            raise ValueError("mount: the mount code is not installed: %s" % e)
         m = Mount(export, mountpoint, cid, req, pending=set(nodes))
         self.mounts[mountpoint] = m
         config = {"export": export, "mountpoint": mountpoint,
                   "ro": bool(args.get("ro")), "cipher": bool(args.get("cipher", True))}
         for nid in nodes:
             self.head.spawn_service(
-                nid, "gmount@" + self._name(nid), "gmount", dict(config, node=self._name(nid)),
+                nid, "gmount@" + self._name(nid), ROLE, ROLE_MODULE, dict(config, node=self._name(nid)),
                 SERVICE_TIMEOUT,
                 lambda ok, reason, info, child, nid=nid: self._service_up(m, nid, ok, reason, info, child))
 
@@ -127,41 +164,74 @@ class GMountControl:
     # -- umount --------------------------------------------------------------------
     def request_umount(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         which = args.get("mountpoint")
+        if which is not None:
+            which = os.path.normpath(which)
         targets = [m for mp, m in self.mounts.items() if which in (None, mp)]
         if which is not None and not targets:
-            self.head.reply(cid, req, 2, {"error": "umount: %s is not mounted in this session" % which})
-            return
+            raise ValueError("umount: %s is not mounted in this session" % which)
         pending: Set[str] = set()
         failed: Dict[str, str] = {}
         done_nodes: List[str] = []
+        finished = []
 
         def finish() -> None:
-            self.head.reply(cid, req, 1 if failed else 0, {"unmounted": sorted(done_nodes),
-                                                            "failed": failed})
+            if not pending and not finished:
+                finished.append(True)
+                self.head.reply(cid, req, 1 if failed else 0, {"unmounted": sorted(done_nodes),
+                                                                "failed": failed})
+
+        def settle(key: str, name: str, error: str) -> None:
+            if error:
+                failed[name] = error
+                self.head.say(cid, req, "gxpc: umount: %s: %s" % (name, error))
+            else:
+                done_nodes.append(name)
+            pending.discard(key)
+            finish()
 
         for m in targets:
             self.mounts.pop(m.mountpoint, None)
             for nid, sid in m.services.items():
                 node = self.head.tree.get(sid)
-                if node is None or node.state != "up":
-                    continue      # died with its node: nothing left to unmount there
-                pending.add(sid)
+                host = self.head.tree.get(nid)
+                name = self._name(nid)
+                if node is not None and node.state == "up":
+                    pending.add(sid)
 
-                def done(ok: bool, error: str, result: Dict[str, Any], sid: str = sid,
-                         nid: str = nid) -> None:
-                    name = self._name(nid)
-                    if ok:
-                        done_nodes.append(name)
-                    elif not error.startswith("node lost"):
-                        failed[name] = error
-                        self.head.say(cid, req, "gxpc: umount: %s: %s" % (name, error))
-                    self._stop_service(sid)
-                    pending.discard(sid)
-                    if not pending:
-                        finish()
-                self.head.call_service(sid, "umount", {}, done)
-        if not pending:
-            finish()
+                    def done(ok: bool, error: str, result: Dict[str, Any], sid: str = sid,
+                             name: str = name) -> None:
+                        self._stop_service(sid)
+                        settle(sid, name, "" if ok or error.startswith("node lost") else error)
+                    self.head.call_service(sid, "umount", {}, done)
+                elif host is not None and host.state == "up":
+                    # The service died but its node lives: its mount is dead
+                    # (ENOTCONN) and still in the way. Detach it there.
+                    key = "fix:" + nid
+                    pending.add(key)
+                    self.head.say(cid, req, "gxpc: umount: %s: the mount service had died (%s); "
+                                  "detaching its mount" % (name, node.reason if node else "gone"))
+                    self._detach(nid, m.mountpoint,
+                                 lambda error, key=key, name=name: settle(key, name, error))
+                    if node is not None:
+                        node.state = "gone"
+        finish()
+
+    def _detach(self, nid: str, mountpoint: str, done: Callable[[str], None]) -> None:
+        """Lazily unmount a dead FUSE mount on node `nid` (a job of the head's own)."""
+        # /proc/self/mounts escapes blanks and backslashes in octal.
+        escaped = "".join("\\%03o" % ord(c) if c in " \t\n\\" else c for c in mountpoint)
+        q = shlex.quote(mountpoint)
+        cmd = ("awk '$2 == ENVIRON[\"GXP_MP\"] {f=1} END {exit !f}' /proc/self/mounts || exit 0; "
+               "fusermount3 -u -z %s 2>/dev/null || fusermount -u -z %s" % (q, q))
+        env = {"GXP_MP": escaped}
+        job = self.head.job_table.new_id()
+        self._detaching[(wire.HEAD, job)] = done
+        self.head.job_table.start(self, wire.HEAD, job, [nid], cmd, lambda n, i: env, lambda n: "/")
+
+    def job_done(self, client: str, job: int, node: str, status: int, error: str) -> None:
+        done = self._detaching.pop((client, job), None)
+        if done is not None:
+            done("" if status == 0 else "could not detach the dead mount: %s" % error)
 
     def _stop_service(self, sid: str) -> None:
         node = self.head.tree.get(sid)
@@ -169,9 +239,9 @@ class GMountControl:
             node.state = "gone"
             self.head.send(sid, {"op": "quit"})
 
-    def nodes_lost(self, lost: str) -> None:
-        from gxpstyle import wire
+    def node_lost(self, lost: str, reason: str) -> None:
         for m in self.mounts.values():
             for nid, sid in list(m.services.items()):
-                if wire.is_descendant(sid, lost) and sid in self.head.tree:
+                if wire.is_descendant(nid, lost) and sid in self.head.tree:
+                    # The host itself is gone: so is its mount.
                     self.head.tree[sid].state = "gone"

@@ -1,0 +1,168 @@
+"""The parallel shell on the head: `e`, `cd`, `export` and GXP's masks.
+
+`e` runs one command on the selected nodes; the nodes stream output and exit
+status straight to the client and tell the head when they end, which is what
+`smask` and `savemask` select from. Jobs other services start (make's recipes)
+are in their own books and never change the masks.
+
+Head-only.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Dict, List, Optional, Set
+
+from gxpstyle import hostpattern, wire
+from gxpstyle.schema import Bool, MapOf, Opt, Rec, Str
+from gxpstyle.services import Service, Verb
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MASK = Str(256, empty=False)
+_ENV = MapOf(Opt(Str(1 << 20)), 1 << 14)
+
+E_ARGS = Rec({"cmd": Str(1 << 20, empty=False)},
+             {"mask": Opt(_MASK), "hosts": Opt(Str(1 << 16)), "stdin": Bool(),
+              "cwd": Opt(Str(4096)), "env": _ENV})
+SELECT_ARGS = Rec(None, {"mask": Opt(_MASK), "hosts": Opt(Str(1 << 16))})
+
+
+def check_env_names(env: Dict[str, Optional[str]], verb: str) -> None:
+    for k in env:
+        if not _NAME.match(k):
+            raise ValueError("%s: %r is not a variable name (letters, digits and _, "
+                             "not starting with a digit)" % (verb, k))
+
+
+class ExecService(Service):
+    name = "exec"
+
+    def __init__(self, head: Any) -> None:
+        super().__init__(head)
+        self.last_status: Dict[str, int] = {}
+        self.pending_status: Dict[int, Dict[str, int]] = {}
+        self.mask: Optional[Set[str]] = None
+        self.saved_masks: Dict[str, Set[str]] = {}
+        self.cwd: Optional[str] = None
+        self.env: Dict[str, Optional[str]] = {}
+
+    def verbs(self) -> Dict[str, Verb]:
+        return {
+            "e": Verb(self.req_e, E_ARGS),
+            "cd": Verb(self.req_cd, Rec({"dir": Str(4096)})),
+            "export": Verb(self.req_export, Rec({"env": _ENV})),
+            "smask": Verb(self.req_smask),
+            "rmask": Verb(self.req_rmask),
+            "savemask": Verb(self.req_savemask, Rec({"name": _MASK})),
+        }
+
+    # -- state other services read ---------------------------------------------
+    def base_env(self) -> Dict[str, Optional[str]]:
+        return dict(self.env)
+
+    def stat(self) -> Dict[str, Any]:
+        key = _id_key
+        return {"mask": sorted(self.mask, key=key) if self.mask is not None else None,
+                "saved": {k: sorted(v, key=key) for k, v in self.saved_masks.items()}}
+
+    def node_up(self, nid: str) -> None:
+        if self.mask is not None:
+            self.mask.add(nid)
+
+    def node_lost(self, lost: str, reason: str) -> None:
+        if self.mask is not None:
+            self.mask = {n for n in self.mask if not wire.is_descendant(n, lost)}
+
+    # -- verbs -----------------------------------------------------------------
+    def req_cd(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        d = args["dir"]
+        if not d.startswith("/"):
+            raise ValueError("cd: give an absolute directory (got %r); the nodes do not share "
+                             "your working directory" % d)
+        self.cwd = os.path.normpath(d)
+        self.head.reply(cid, req, 0, {})
+
+    def req_export(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        check_env_names(args["env"], "export")
+        self.env.update(args["env"])
+        self.head.reply(cid, req, 0, {})
+
+    def req_smask(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        ok = {n for n, s in self.last_status.items() if s == 0 and self._up(n)}
+        self.mask = ok
+        self.head.reply(cid, req, 0, {"count": len(ok)})
+
+    def req_rmask(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        self.mask = None
+        self.head.reply(cid, req, 0, {})
+
+    def req_savemask(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        name = args["name"]
+        self.saved_masks[name] = {n for n, s in self.last_status.items() if s == 0}
+        self.head.reply(cid, req, 0, {"count": len(self.saved_masks[name])})
+
+    def _up(self, nid: str) -> bool:
+        n = self.head.tree.get(nid)
+        return n is not None and n.state == "up"
+
+    def select_nodes(self, args: Dict[str, Any]) -> List[str]:
+        """The explored nodes `e` runs on: a saved mask, the current mask, or all;
+        then those whose names match `hosts`."""
+        tree = self.head.tree
+        up = [nid for nid, n in tree.items() if n.state == "up" and not n.role]
+        if args.get("mask"):
+            if args["mask"] not in self.saved_masks:
+                raise ValueError("no saved mask named %r (gxpc savemask NAME saves one)" % args["mask"])
+            chosen = self.saved_masks[args["mask"]]
+        elif self.mask is not None:
+            chosen = self.mask
+        else:
+            chosen = set(up)
+        if args.get("hosts"):
+            pat = hostpattern.compile_pattern(args["hosts"])
+            chosen = {nid for nid in chosen
+                      if nid in tree and any(pat.match(x) for x in tree[nid].names())}
+        return sorted((nid for nid in up if nid in chosen), key=_id_key)
+
+    def req_e(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        check_env_names(args.get("env") or {}, "e")
+        nodes = self.select_nodes(args)
+        tree = self.head.tree
+        env = dict(self.env)
+        env.update(args.get("env") or {})
+        total = len(nodes)
+
+        def env_for(nid: str, idx: int) -> Dict[str, Optional[str]]:
+            e = dict(env)
+            e.update({"GXP_NODE_ID": nid, "GXP_EXEC_IDX": str(idx), "GXP_NUM_EXECS": str(total),
+                      "GXP_HOSTNAME": tree[nid].name})
+            return e
+
+        def cwd_for(nid: str) -> Optional[str]:
+            # `gxpc cd` wins; otherwise the head runs where the user is, and
+            # the other nodes in their home directory.
+            return self.cwd or (args.get("cwd") if nid == wire.HEAD else None)
+
+        # The reply (with the job id) must reach the client before any output:
+        # both travel on the same link, so reply first, then start.
+        job = self.head.job_table.new_id()
+        self.head.reply(cid, req, 0, {"job": job, "nodes": {n: tree[n].name for n in nodes}})
+        if nodes:
+            self.pending_status[job] = {}
+        self.head.job_table.start(self, cid, job, nodes, args["cmd"], env_for, cwd_for,
+                                  stdin=bool(args.get("stdin")))
+
+    def job_done(self, client: str, job: int, node: str, status: int, error: str) -> None:
+        got = self.pending_status.get(job)
+        if got is None:
+            return
+        got[node] = status
+        if not self.head.job_table.running_on(client, job):
+            self.last_status = self.pending_status.pop(job)
+
+
+def _id_key(nid: str) -> List[int]:
+    try:
+        return [int(x) for x in nid.split(".")]
+    except ValueError:
+        return [1 << 30]

@@ -1,0 +1,196 @@
+"""How services plug into the head: request verbs, events, stat fields, jobs.
+
+The session daemon (gxpstyle/daemon.py) owns the tree and the client sockets;
+everything a user asks for is a request verb of some service. Core services
+(explore, the parallel shell) live in gxpstyle; others (GMount in sshfsmux,
+`gxpc make` in make_backend) register through the `gxpstyle.services` entry
+point group, so the core never imports them. A service:
+
+- declares its verbs, each with the schema of its arguments: the head checks
+  every request against it before the handler runs, and a handler that raises
+  fails that one request with a one-line error while the session goes on;
+- hears events: a subtree lost, a client gone, one of its jobs ended;
+- adds fields to `stat`;
+- starts jobs on nodes through the head's JobTable, in its own books (so that
+  `gxpc make`'s recipes never change what `gxpc smask` selects);
+- may start role nodes (a mount service under an agent) and push the modules
+  they need (HeadAPI.spawn_role, HeadAPI.push_modules).
+
+Head-only (never shipped to agents).
+"""
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+
+from gxpstyle import wire
+from gxpstyle.schema import Rec
+
+if TYPE_CHECKING:
+    from gxpstyle.daemon import Head
+
+ENTRY_POINT_GROUP = "gxpstyle.services"
+
+Handler = Callable[[str, int, Dict[str, Any]], None]
+
+
+@dataclass
+class Verb:
+    """A request verb: `handler(client, req, args)` runs with args checked."""
+    handler: Handler
+    args: Rec = field(default_factory=Rec)
+
+
+class Service:
+    """Base class: override what the service needs; every hook has a no-op default."""
+
+    name = "service"
+
+    def __init__(self, head: "Head") -> None:
+        self.head = head
+
+    def verbs(self) -> Dict[str, Verb]:
+        return {}
+
+    def node_lost(self, lost: str, reason: str) -> None:
+        """Every node under `lost` (itself included) is gone."""
+
+    def client_closed(self, client: str) -> None:
+        """A client went away (its jobs are already killed by the JobTable)."""
+
+    def job_done(self, client: str, job: int, node: str, status: int, error: str) -> None:
+        """One node's share of a job this service started has ended."""
+
+    def stat(self) -> Dict[str, Any]:
+        """Fields added to `gxpc stat`'s reply."""
+        return {}
+
+
+def load_plugins(head: "Head") -> List[Service]:
+    """Services registered by installed packages (entry points), by name order.
+    One that fails to load is logged and skipped: the core still works."""
+    try:
+        from importlib import metadata
+    except ImportError:   # Python 3.7: no plugins
+        return []
+    try:
+        eps = metadata.entry_points()
+        found = list(eps.select(group=ENTRY_POINT_GROUP)) if hasattr(eps, "select") \
+            else list(eps.get(ENTRY_POINT_GROUP, []))  # type: ignore[attr-defined]
+    except Exception as e:   # a broken installation must not stop the daemon
+        head.write_log("service plugins not loaded: %s" % e)
+        return []
+    out: List[Service] = []
+    seen = set()
+    for ep in sorted(found, key=lambda e: e.name):
+        if ep.name in seen:
+            continue
+        seen.add(ep.name)
+        try:
+            cls = ep.load()
+            out.append(cls(head))
+        except Exception as e:
+            head.write_log("service %s not loaded: %s" % (ep.name, e))
+    return out
+
+
+# -- jobs ---------------------------------------------------------------------
+@dataclass
+class JobRecord:
+    owner: Service
+    client: str
+    nodes: Dict[str, Optional[int]]      # node id -> exit status, None while running
+    output: bytearray = field(default_factory=bytearray)   # the head's own jobs only
+
+
+MAX_INTERNAL_OUTPUT = 64 << 10
+
+
+class JobTable:
+    """Jobs the head started, by (client, job id), each owned by a service.
+
+    A node reports a job's end to the head with `done` (the `exec` carries
+    notify), so the head never decodes the client's output frames. A lost
+    node's jobs are answered for here; a client that goes away has its jobs
+    killed. A client of "0" is the head itself: such a job's output and exit
+    come back to the owner (`job_output`)."""
+
+    def __init__(self, head: "Head") -> None:
+        self.head = head
+        self.seq = 0
+        self.jobs: Dict[Tuple[str, int], JobRecord] = {}
+
+    def new_id(self) -> int:
+        """A job id, taken before start() so the client can hear it first."""
+        self.seq += 1
+        return self.seq
+
+    def start(self, owner: Service, client: str, job: int, nodes: List[str], cmd: str,
+              env_for: Callable[[str, int], Dict[str, Optional[str]]],
+              cwd_for: Callable[[str], Optional[str]], stdin: bool = False) -> None:
+        """Start job `job` on `nodes`; its output and exit go to `client`."""
+        if not nodes:
+            return
+        self.jobs[(client, job)] = JobRecord(owner, client, {n: None for n in nodes})
+        for idx, nid in enumerate(nodes):
+            msg = {"op": "exec", "job": job, "cmd": cmd, "cwd": cwd_for(nid),
+                   "env": env_for(nid, idx), "stdin": stdin, "notify": True}
+            self.head.route_frame(nid, wire.encode_frame(nid, client, msg), None)
+
+    def done(self, node: str, client: str, job: int, status: int, error: str) -> None:
+        rec = self.jobs.get((client, job))
+        if rec is None or rec.nodes.get(node, 0) is not None:
+            return
+        rec.nodes[node] = status
+        if all(v is not None for v in rec.nodes.values()):
+            del self.jobs[(client, job)]
+        if client == wire.HEAD and status != 0 and not error:
+            lines = bytes(rec.output).decode("utf-8", "replace").strip().splitlines()
+            error = lines[-1] if lines else "exit status %d" % status
+        rec.owner.job_done(client, job, node, status, error)
+
+    def output(self, node: str, job: int, data: bytes) -> None:
+        """Output of a job the head itself started (client "0"), kept bounded."""
+        rec = self.jobs.get((wire.HEAD, job))
+        if rec is not None and node in rec.nodes:
+            room = MAX_INTERNAL_OUTPUT - len(rec.output)
+            if room > 0:
+                rec.output += data[:room]
+
+    def running_on(self, client: str, job: int) -> List[str]:
+        rec = self.jobs.get((client, job))
+        return [n for n, s in rec.nodes.items() if s is None] if rec else []
+
+    def nodes_lost(self, lost: str, reason_of: Callable[[str], str]) -> None:
+        """Jobs on the lost subtree will never report: answer for them."""
+        for (client, job), rec in list(self.jobs.items()):
+            for nid, status in list(rec.nodes.items()):
+                if status is None and wire.is_descendant(nid, lost):
+                    error = "node lost: %s" % reason_of(nid)
+                    self.head.deliver_to_client(client, nid, {"op": "exit", "job": job,
+                                                              "status": 255, "error": error})
+                    self.done(nid, client, job, 255, error)
+
+    def client_closed(self, client: str) -> None:
+        for (c, job), rec in list(self.jobs.items()):
+            if c != client:
+                continue
+            del self.jobs[(c, job)]
+            for node, status in rec.nodes.items():
+                if status is None:
+                    self.head.route_frame(node, wire.encode_frame(
+                        node, client, {"op": "kill", "job": job, "sig": int(signal.SIGKILL)}), None)
+                    rec.owner.job_done(client, job, node, 255, "client gone")
+
+
+def describe_error(e: BaseException) -> str:
+    """A one-line reason for a handler that failed, without class names."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return text or "internal error (see the session log)"
+
+
+def log_exception(head: "Head", where: str) -> None:
+    import traceback
+    head.write_log("%s failed:\n%s" % (where, "".join(traceback.format_exception(*sys.exc_info()))))

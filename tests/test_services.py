@@ -1,0 +1,195 @@
+"""The core and its services: requests checked by schema, services in their own
+books, role nodes that die, slots, and the payload budget after a push.
+
+Run as the tests' ordinary user on local agents (see conftest.py).
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gxpstyle import bootstrap, schema, serializer, wire
+from test_explore_local import fuse_for_users, shared_tmp  # noqa: F401  (fixtures)
+
+
+# -- schemas, without a session ---------------------------------------------------
+def test_nested_fields_are_checked_with_words_not_class_names():
+    def bad(msg):
+        with pytest.raises(wire.FrameError) as e:
+            wire.decode_message(serializer.dumps(msg))
+        text = str(e.value)
+        assert "Error" not in text and "\n" not in text
+        return text
+
+    ok = {"op": "exec", "job": 1, "cmd": "true", "cwd": None, "env": {"A": None, "B": "x"},
+          "stdin": False}
+    assert wire.decode_message(serializer.dumps(ok))["env"] == {"A": None, "B": "x"}
+    assert bad(dict(ok, env=[1])) == "exec: env must be a mapping, not a list"
+    assert bad(dict(ok, env={"A": 5})) == "exec: env[A] must be text, not a number"
+    assert "job must be a whole number" in bad(dict(ok, job=True))
+    assert bad({"op": "kill", "job": 1, "sig": 0}) == "kill: sig must be from 1 to 64, got 0"
+    assert "channel: port must be from 1 to 65535" in bad(
+        {"op": "spawn", "req": 1, "child": "0.1", "target": "x", "timeout": 5,
+         "channel": {"name": "ssh", "port": 99999}})
+    assert bad({"op": "lost", "ids": [3], "reason": ""}) == "lost: ids[0] must be text, not a number"
+
+
+def test_request_schemas_are_closed_and_ranged():
+    from gxpstyle.explorer import EXPLORE_ARGS
+    with pytest.raises(schema.SchemaError, match="explore: local must be from 0 to 10000, got -3"):
+        EXPLORE_ARGS.check({"local": -3}, "explore")
+    with pytest.raises(schema.SchemaError, match="explore: unknown field 'lcoal'"):
+        EXPLORE_ARGS.check({"lcoal": 3}, "explore")
+    with pytest.raises(schema.SchemaError, match="fanout must be from 1 to 1000, got 0"):
+        EXPLORE_ARGS.check({"fanout": 0}, "explore")
+
+
+def test_explore_payload_keeps_its_budget_after_a_push():
+    """After a mount pushed its modules, newly explored agents still get the
+    small agent payload; only service children get the mount code."""
+    from sshfsmux import gmount_control
+    cache = bootstrap.PayloadCache(bootstrap.head_sources())
+    tag = sys.implementation.cache_tag
+    before = {t: cache.for_tag(t) for t in (None, tag)}
+    cache.add(bootstrap.module_sources(gmount_control.MODULES))
+    assert {t: cache.for_tag(t) for t in (None, tag)} == before
+    service = cache.for_tag(tag, service=True)
+    assert len(service[1]) > len(before[tag][1]) + 20000
+    assert len(before[None][1]) < 40 * 1024 and len(before[tag][1]) < 112 * 1024
+
+
+def test_pushed_modules_never_replace_the_core():
+    assert bootstrap.pushable("sshfsmux.gmount_node")
+    for name in ("gxpstyle.agent", "gxpstyle", "", "a..b", "os.path;x"):
+        assert not bootstrap.pushable(name), name
+
+
+# -- a session ---------------------------------------------------------------------
+def test_malformed_requests_fail_alone_and_the_session_goes_on(gxp):
+    """Each of these killed the daemon once; now each fails its own request."""
+    gxp.ok("explore", "--local", "1")
+    script = r"""
+import sys
+from gxpstyle.client import Client
+c = Client(sys.argv[1]); assert c.connect(start=False)
+cases = [("savemask", {}), ("e", {}), ("e", {"cmd": "true", "env": []}),
+         ("e", {"cmd": "true", "mask": 5}), ("export", {"env": [1]}), ("job", {}),
+         ("job", {"cmd": "true", "avoid": 5}), ("explore", {"local": -3}),
+         ("explore", {"local": 10**12}), ("explore", {"fanout": "x"}), ("cd", {"dir": 7}),
+         ("use", {"rules": [{"channel": "ssh"}]}), ("mount", {"export": 1}), ("nosuch", {}),
+         ("savemask", {"name": ""}), ("export", {"env": {"1A": "b"}}), ("cd", {"dir": "rel"})]
+for cmd, args in cases:
+    status, result = c.call(cmd, args)
+    err = result.get("error", "")
+    print("%s %d %s" % (cmd, status, err))
+    assert status == 2 and err and "\n" not in err and "Error" not in err, (cmd, status, err)
+print("pid", c.call("ping")[1]["pid"])
+"""
+    env = gxp.env()
+    py = os.path.join(os.path.dirname(gxp.gxpc), "python")
+    argv = [py, "-c", script, gxp.session_dir]
+    if gxp.user:
+        r = gxp.bed.run_as(gxp.user, argv, env=env, capture_output=True, text=True, timeout=60)
+    else:
+        r = subprocess.run(argv, env=dict(os.environ, **env), capture_output=True, text=True,
+                           timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    pid = int(r.stdout.split("pid ")[1])
+    assert gxp.daemon_pids() == [pid]
+    assert "explore 2 explore: local must be from 0 to 10000, got -3" in r.stdout
+    out = gxp.ok("e", "echo $GXP_NODE_ID").stdout.split()
+    assert sorted(out) == ["0", "0.1"]
+
+
+def test_make_recipes_do_not_change_the_mask(gxp, shared_tmp):  # noqa: F811
+    """make's recipes are the make service's jobs: smask still selects the
+    nodes of the last `e`."""
+    if not shutil.which("make"):
+        pytest.skip("no make")
+    gxp.ok("explore", "--local", "2")
+    gxp.run("e", '[ "$GXP_NODE_ID" = 0.1 ]')
+    d = shared_tmp / "mk"
+    d.mkdir()
+    (d / "Makefile").write_text("all: a b c\na b c:\n\t@true\n")
+    os.chmod(d, 0o777)
+    gxp.ok("make", "-j3", cwd=str(d))
+    assert gxp.ok("smask").returncode == 0
+    assert gxp.ok("e", "echo $GXP_NODE_ID").stdout.split() == ["0.1"]
+
+
+def _client_call(gxp, verb):
+    script = ("import sys,json\nfrom gxpstyle.client import Client\nc=Client(sys.argv[1])\n"
+              "assert c.connect(start=False)\nprint(json.dumps(c.call(sys.argv[2])[1]))\n")
+    py = os.path.join(os.path.dirname(gxp.gxpc), "python")
+    argv = [py, "-c", script, gxp.session_dir, verb]
+    if gxp.user:
+        r = gxp.bed.run_as(gxp.user, argv, env=gxp.env(), capture_output=True, text=True, timeout=30)
+    else:
+        r = subprocess.run(argv, env=dict(os.environ, **gxp.env()), capture_output=True,
+                           text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    import json
+    return json.loads(r.stdout)
+
+
+def test_cpus_reach_the_scheduler_and_make_fills_by_slots(gxp, shared_tmp):  # noqa: F811
+    """Agents report the CPUs they may use; a -j make fills nodes by slots."""
+    if len(os.sched_getaffinity(0)) < 2 or not shutil.which("taskset"):
+        pytest.skip("needs 2 CPUs and taskset")
+    gxp.ok("use", "sh", "head", "one*", "--template", "taskset -c 0 sh -c {cmd}")
+    gxp.ok("use", "sh", "head", "two*", "--template", "sh -c {cmd}")
+    gxp.ok("explore", "one1", "two1")
+    slots = {n["name"]: n["slots"] for n in _client_call(gxp, "stat")["nodes"]}
+    assert slots == {"head": 2, "one1": 1, "two1": 2}
+    d = shared_tmp / "mk"
+    d.mkdir()
+    # Five recipes that overlap: with 2 + 1 + 2 slots, each node gets its share.
+    (d / "Makefile").write_text("all: r1 r2 r3 r4 r5\nr%:\n\t@sleep 2; echo $$GXP_HOSTNAME > $@\n")
+    os.chmod(d, 0o777)
+    gxp.ok("make", "-j5", cwd=str(d))
+    where = sorted((d / ("r%d" % i)).read_text().strip() for i in range(1, 6))
+    assert where.count("one1") == 1 and where.count("two1") == 2 and where.count("head") == 2, where
+
+
+def test_mount_inside_its_export_is_refused(gxp, fuse_for_users):  # noqa: F811
+    gxp.ok("explore", "--local", "1")
+    top = os.path.dirname(gxp.session_dir)
+    gxp.ok("e", "--hosts", "head", "mkdir -p %s/exp/inner %s/m" % (top, top))
+    for export, mnt in (("exp", "exp/inner"), ("exp/inner", "exp"), ("exp", "exp")):
+        r = gxp.run("mount", "%s/%s" % (top, export), "%s/%s" % (top, mnt))
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.count("\n") == 1 and "must not be inside each other" in r.stderr
+    with open("/proc/mounts") as f:
+        assert top not in f.read()
+
+
+def test_a_dead_mount_service_is_lost_and_umount_detaches_it(gxp, fuse_for_users):  # noqa: F811
+    gxp.ok("explore", "--local", "1")
+    top = os.path.dirname(gxp.session_dir)
+    export, mnt = top + "/export", top + "/mnt"
+    gxp.ok("e", "--hosts", "head", "mkdir -p %s %s && echo x > %s/f" % (export, mnt, export))
+    gxp.ok("mount", export, mnt)
+    services = [n for n in _client_call(gxp, "stat")["nodes"] if n["role"] == "gmount"]
+    assert len(services) == 1
+    os.kill(services[0]["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states = {n["id"]: n["state"] for n in _client_call(gxp, "stat")["nodes"]}
+        if states.get(services[0]["id"]) == "lost":
+            break
+        time.sleep(0.2)
+    assert states[services[0]["id"]] == "lost", states
+    assert "LOST" in gxp.ok("stat").stdout
+    r = gxp.run("umount")
+    assert r.returncode == 0, r.stderr
+    assert "mount service had died" in r.stderr and "detaching" in r.stderr
+    with open("/proc/mounts") as f:
+        assert mnt not in f.read()
+    # The mountpoint is free again.
+    gxp.ok("mount", export, mnt)
+    assert gxp.ok("e", "--hosts", "local1", "cat %s/f" % mnt).stdout == "x\n"
+    gxp.ok("umount")
