@@ -124,7 +124,12 @@ class Node:
         if handler is None:
             self.log("no handler for %s from %s" % (msg["op"], src))
             return
-        handler(src, msg, from_link)
+        try:
+            handler(src, msg, from_link)
+        except Exception as e:
+            # A message that trips a handler is dropped and logged; the node,
+            # its links and its jobs go on.
+            self.log_failure("%s from %s" % (msg["op"], src), e)
 
     def log(self, text: str, level: str = "info") -> None:
         if self.id == wire.HEAD:
@@ -134,6 +139,9 @@ class Node:
 
     def write_log(self, text: str) -> None:
         sys.stderr.write(text + "\n")
+
+    def log_failure(self, what: str, e: BaseException) -> None:
+        self.log("%s failed: %s" % (what, describe_error(e)), "error")
 
     # -- links -------------------------------------------------------------
     def on_parent_frame(self, link: Link, frame: bytes) -> None:

@@ -214,13 +214,8 @@ class Head(Node):
         except Exception:
             services.log_exception(self, what)
 
-    def deliver(self, src: str, body: bytes, from_link: Optional[Link]) -> None:
-        try:
-            super().deliver(src, body, from_link)
-        except Exception:
-            # A message that trips a handler is dropped and logged; the
-            # daemon, its tree and every other client go on.
-            services.log_exception(self, "message from %s" % src)
+    def log_failure(self, what: str, e: BaseException) -> None:
+        services.log_exception(self, what)
 
     def req_ping(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         self.reply(cid, req, 0, {"pid": os.getpid()})
