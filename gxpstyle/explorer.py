@@ -8,6 +8,7 @@ Head-only.
 """
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
@@ -44,6 +45,7 @@ EXPLORE_ARGS = Rec(None, {
 })
 # A pattern that expands past this many hosts is almost surely a typo.
 MAX_TARGETS = 100000
+LOCAL_STARTS_PER_CPU = 2
 
 
 @dataclass
@@ -61,6 +63,7 @@ class Exploration:
     # True while dispatching: a spawn on the head itself can fail synchronously,
     # and must not end the exploration before the rest starts.
     planning: bool = True
+    queued: int = 0            # local bootstraps waiting for their turn
     host_settings: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
 
@@ -72,6 +75,14 @@ class ExploreService(Service):
         self.rules: List[use_rules.UseRule] = []
         self.explorations: Dict[int, Exploration] = {}
         self.spawn_reqs: Dict[int, Tuple[Exploration, spanning_tree.Assignment, str]] = {}
+        # Local bootstraps in flight per machine, and those waiting for a turn.
+        # Each is a Python start (~40 ms of CPU); a thousand at once on two
+        # cores starve everything, the daemon included (`stat` took seconds).
+        # A few per CPU at a time take as long in total and keep the machine
+        # answering.
+        self.local_busy: Dict[str, int] = {}
+        self.local_queue: Dict[str, "collections.deque[Tuple[Exploration, spanning_tree.Assignment, str]]"] = {}
+        self.local_of: Dict[int, str] = {}
 
     def verbs(self) -> Dict[str, Verb]:
         return {"use": Verb(self.req_use, USE_ARGS), "explore": Verb(self.req_explore, EXPLORE_ARGS)}
@@ -143,6 +154,36 @@ class ExploreService(Service):
         self._maybe_done(ex)
 
     def _dispatch(self, ex: Exploration, a: spanning_tree.Assignment, parent: str) -> None:
+        if a.rule.channel == "local":
+            host = self.head.tree[parent].hostname
+            limit = LOCAL_STARTS_PER_CPU * max(1, self.head.tree[parent].slots)
+            if self.local_busy.get(host, 0) >= limit:
+                self.local_queue.setdefault(host, collections.deque()).append((ex, a, parent))
+                ex.queued += 1
+                return
+            self.local_busy[host] = self.local_busy.get(host, 0) + 1
+            self.local_of[self._send_spawn(ex, a, parent)] = host
+            return
+        self._send_spawn(ex, a, parent)
+
+    def _local_done(self, req: int) -> None:
+        """A local bootstrap ended (up, failed or lost): start the next one."""
+        host = self.local_of.pop(req, None)
+        if host is None:
+            return
+        self.local_busy[host] -= 1
+        queue = self.local_queue.get(host)
+        while queue:
+            ex, a, parent = queue.popleft()
+            ex.queued -= 1
+            node = self.head.tree.get(parent)
+            if node is not None and node.state == "up":
+                self._dispatch(ex, a, parent)
+                return
+            self._fail(ex, a.target, "not explored: its parent was lost")
+            self._maybe_done(ex)
+
+    def _send_spawn(self, ex: Exploration, a: spanning_tree.Assignment, parent: str) -> int:
         head = self.head
         child = head.new_child_id(parent)
         spec = dict(a.rule.options)
@@ -157,12 +198,14 @@ class ExploreService(Service):
         self.spawn_reqs[req] = (ex, a, child)
         head.send(parent, {"op": "spawn", "req": req, "child": child, "target": a.target,
                            "channel": spec, "timeout": timeout})
+        return req
 
     def spawned(self, src: str, msg: Dict[str, Any]) -> bool:
         """A `spawned` for one of our spawns (True), or not ours (False)."""
         entry = self.spawn_reqs.pop(msg["req"], None)
         if entry is None:
             return False
+        self._local_done(msg["req"])
         ex, a, child = entry
         ex.pending.pop(msg["req"], None)
         if msg["ok"] and msg["child"] == child and src == child.rsplit(".", 1)[0]:
@@ -182,7 +225,7 @@ class ExploreService(Service):
             self._fail(ex, waiting.target, "not explored: its gateway %s failed" % target)
 
     def _maybe_done(self, ex: Exploration) -> None:
-        if ex.planning or ex.pending or ex.waiting:
+        if ex.planning or ex.pending or ex.waiting or ex.queued:
             return
         if self.explorations.pop(ex.key, None) is None:
             return
@@ -191,10 +234,19 @@ class ExploreService(Service):
                         {"up": ex.up, "failed": ex.failed, "seconds": round(elapsed, 3)})
 
     def node_lost(self, lost: str, reason: str) -> None:
+        # Local bootstraps queued under the lost subtree will never start.
+        for host, queue in self.local_queue.items():
+            for item in [q for q in queue if wire.is_descendant(q[2], lost)]:
+                queue.remove(item)
+                ex, a, _ = item
+                ex.queued -= 1
+                self._fail(ex, a.target, "not explored: its parent was lost")
+                self._maybe_done(ex)
         # Explorations waiting on a spawn from the lost subtree.
         for req, (ex, a, child) in list(self.spawn_reqs.items()):
             if wire.is_descendant(child, lost):
                 del self.spawn_reqs[req]
+                self._local_done(req)
                 ex.pending.pop(req, None)
                 self._fail(ex, a.target, "gateway lost during bootstrap")
                 self._maybe_done(ex)
