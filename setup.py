@@ -8,5 +8,10 @@ setup(
     python_requires=">=3.8",
     install_requires=["paramiko>=3.0", "PyYAML>=6.0", "mfusepy>=1.0"],
     extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
-    entry_points={"console_scripts": ["gxpc = gxpstyle.cli:main", "sshfsm = sshfsmux.sshfsm:main"]},
+    entry_points={
+        "console_scripts": ["gxpc = gxpstyle.cli:main", "sshfsm = sshfsmux.sshfsm:main"],
+        # gxpc verbs of the packages on top of the core (gxpstyle/verbs.py)
+        "gxpstyle.verbs": ["mount = sshfsmux.mount_cli:MOUNT", "umount = sshfsmux.mount_cli:UMOUNT",
+                           "mw = sshfsmux.mount_cli:MW", "make = make_backend.make_cli:MAKE"],
+    },
 )
