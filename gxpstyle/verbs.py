@@ -190,7 +190,13 @@ def split_global(argv: "List[str]") -> "Tuple[Optional[str], bool, Optional[str]
 
 
 def _looks_negative(word: str) -> bool:
-    return word[:1] == "-" and word[1:].replace(".", "", 1).isdigit()
+    """argparse's negative number: -5, -.5 or -0.5 (not -5.), which is a value."""
+    if word[:1] != "-":
+        return False
+    whole, dot, fraction = word[1:].partition(".")
+    if not dot:
+        return whole.isdecimal()
+    return (whole == "" or whole.isdecimal()) and fraction.isdecimal()
 
 
 def _convert(opt: Opt, text: str) -> "Any":
@@ -205,6 +211,8 @@ def _convert(opt: Opt, text: str) -> "Any":
 
 def fast_parse(verb: Verb, words: "List[str]") -> "Optional[Args]":
     """Args for the plain cases, None for anything argparse must judge."""
+    if "--" in words:
+        return None     # argparse drops a `--` even from the middle of a command
     by_flag = {f: o for o in verb.options for f in o.flags}
     values: "Dict[str, Any]" = {o.dest: o.default() for o in verb.options}
     values.update((a.dest, a.default()) for a in verb.args)
