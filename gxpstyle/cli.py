@@ -7,9 +7,9 @@ connection: a usage error never starts or needs a session. Modules are imported
 when a verb needs them, so that a short command (`gxpc e true`) costs little
 more than the interpreter's own start.
 
-Exit status: 0 success; 1 some host or node failed (each is named on stderr);
-2 bad usage, pattern or configuration; 3 no session, or the session refused us;
-130 interrupted.
+Exit status: 0 success; 1 some host or node failed (each is named on stderr),
+or an internal error; 2 bad usage, pattern or configuration; 3 no session, or
+the session refused us; 130 interrupted.
 """
 from __future__ import annotations
 
@@ -470,9 +470,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             _err(str(e))
             return EXIT_SESSION
         if isinstance(e, OSError):
-            _err(e.strerror or str(e))
+            what = e.strerror or str(e)
+            _err("%s: %s" % (e.filename, what) if e.filename else what)
             return EXIT_SESSION
-        raise
+        if os.environ.get("GXP_DEBUG"):
+            raise
+        # A bug of ours: one line, not a traceback (GXP_DEBUG=1 shows it).
+        _err("internal error, please report it (GXP_DEBUG=1 for details): %s" % (e,))
+        return EXIT_FAILED
     finally:
         if c is not None:
             c.close()
