@@ -9,7 +9,8 @@ later `use` refines an earlier one. A target that nothing reaches yet is tried
 again after the others, since a later target may be the gateway to it.
 
 Cost: O(P * N * R * log N) for N targets and R rules, where P is the number of
-passes (1, plus the longest chain of targets reachable only through later ones).
+passes. P <= R + 2: a pass after the first places a target only if some rule's
+source matched its first node in the pass before, which happens once per rule.
 Rules are few, so the candidates are grouped by rule: each rule keeps a heap of
 the nodes its source pattern matches, keyed by the placement order above; the
 best parent for a target is the best top among the heaps of the rules that reach
