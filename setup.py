@@ -10,9 +10,11 @@ setup(
     extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
     entry_points={
         "console_scripts": ["gxpc = gxpstyle.cli:main", "sshfsm = sshfsmux.sshfsm:main"],
-        # Services the session daemon loads (gxpstyle/services.py): the core
-        # never imports these packages itself.
+        # Services the session daemon loads (gxpstyle/services.py) and their
+        # gxpc verbs (gxpstyle/verbs.py): the core never imports these packages.
         "gxpstyle.services": ["gmount = sshfsmux.gmount_control:GMountService",
                               "make = make_backend.make_service:MakeService"],
+        "gxpstyle.verbs": ["mount = sshfsmux.mount_cli:MOUNT", "umount = sshfsmux.mount_cli:UMOUNT",
+                           "mw = sshfsmux.mount_cli:MW", "make = make_backend.make_cli:MAKE"],
     },
 )

@@ -1,37 +1,42 @@
 """gxpc: the command line, a thin client of the session daemon (GXP's verbs).
 
-Exit status: 0 success; 1 some host or node failed (each is named on stderr);
-2 bad usage, pattern or configuration; 3 no session, or the session refused us;
-130 interrupted.
+The core's verbs are here; other packages add theirs (mount, umount, mw, make)
+through the `gxpstyle.verbs` entry points, so this module imports none of them
+(gxpstyle/verbs.py). Every verb's arguments are parsed and checked before any
+connection: a usage error never starts or needs a session. Modules are imported
+when a verb needs them, so that a short command (`gxpc e true`) costs little
+more than the interpreter's own start.
+
+Exit status: 0 success; 1 some host or node failed (each is named on stderr),
+or an internal error; 2 bad usage, pattern or configuration; 3 no session, or
+the session refused us; 130 interrupted.
 """
 from __future__ import annotations
 
-import argparse
+import _signal as signal   # the signal module's enums cost more than gxpc e itself
 import os
-import signal
 import sys
-import time
-from typing import Any, Dict, List, Optional
 
-from gxpstyle import cluster_config, hostpattern, session, use_rules, wire
+from gxpstyle import limits, user_names, verbs, wire
 from gxpstyle.client import Client, ClientError
+from gxpstyle.verbs import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SESSION, EXIT_USAGE,
+                            OPTIONAL, REMAINDER, START, Arg, Opt, UsageError, Verb)
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SESSION, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any, Dict, List, Optional
 
+    from gxpstyle import hostpattern
+else:
+    hostpattern = verbs.LazyModule("gxpstyle.hostpattern")
 
-class UsageError(Exception):
-    pass
+DESCRIPTION = "Explore hosts without preinstalling anything, and run commands on all of them."
+EPILOG = "Exit status: 0 ok, 1 some host/node failed, 2 usage, 3 session problem, 130 interrupted."
 
-
-def _err(text: str) -> None:
-    sys.stderr.write("gxpc: %s\n" % text)
-
-
-def _write(stream: int, data: bytes) -> None:
-    out = sys.stdout if stream == 1 else sys.stderr
-    out.flush()
-    out.buffer.write(data)
-    out.buffer.flush()
+# The names plugins and older code use.
+_err = verbs.err
+_write = verbs.write_stream
 
 
 def _rule_options(a: argparse.Namespace) -> Dict[str, Any]:
@@ -48,15 +53,32 @@ def _rule_options(a: argparse.Namespace) -> Dict[str, Any]:
     return opts
 
 
-# -- commands ------------------------------------------------------------------
-def cmd_use(c: Client, a: argparse.Namespace) -> int:
-    rules = []
+def _check_range(verb: str, option: str, value: Any) -> None:
+    """limits.RANGES[--option] (limits.RangeError is a usage error)."""
+    if value is not None:
+        limits.check(option.lstrip("-"), value, "%s: %s" % (verb, option))
+
+
+# -- use ---------------------------------------------------------------------------
+def check_use(a: argparse.Namespace) -> None:
+    from gxpstyle import use_rules
+    _check_range("use", "--port", a.port)
+    _check_range("use", "--fanout", a.fanout)
+    _check_range("use", "--timeout", a.timeout)
+    a.rules = []
     if a.channel:
         if not (a.src and a.dst):
             raise UsageError("use CHANNEL SRC DST: give both a source and a destination pattern")
-        rule = use_rules.make_rule(a.channel, a.src, a.dst, _rule_options(a))
-        rules.append(rule.to_dict())
-    status, result = c.call("use", {"rules": rules})
+        try:
+            a.rules.append(use_rules.make_rule(a.channel, a.src, a.dst, _rule_options(a)).to_dict())
+        except use_rules.RuleError as e:
+            raise UsageError("use: %s" % e) from None
+    elif any(v not in (None, []) for k, v in vars(a).items() if k not in ("channel", "src", "dst", "rules")):
+        raise UsageError("use: options need a rule: gxpc use CHANNEL SRC DST [OPTIONS]")
+
+
+def cmd_use(c: Client, a: argparse.Namespace) -> int:
+    status, result = c.call("use", {"rules": a.rules})
     if status:
         _err(result.get("error", "use failed"))
         return EXIT_USAGE
@@ -67,21 +89,29 @@ def cmd_use(c: Client, a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_explore(c: Client, a: argparse.Namespace) -> int:
+# -- explore -------------------------------------------------------------------------
+def check_explore(a: argparse.Namespace) -> None:
+    """Everything explore sends, checked and built before a session is touched:
+    the cluster file is read here (the only verb that needs YAML)."""
+    _check_range("explore", "--local", a.local)
+    _check_range("explore", "--fanout", a.fanout)
+    _check_range("explore", "--timeout", a.timeout)
     args: Dict[str, Any] = {"targets": list(a.targets), "local": a.local or 0}
     cfg_path = a.config
+    fanout, timeout = a.fanout, a.timeout
     if cfg_path is None and not a.targets and not a.local:
+        from gxpstyle import cluster_config
         default = cluster_config.default_path()
         if os.path.exists(default):
             cfg_path = default
-    fanout, timeout = a.fanout, a.timeout
     if cfg_path:
+        from gxpstyle import cluster_config
         cfg = cluster_config.load(cfg_path)
         args["rules"] = [r.to_dict() for r in cfg.use]
         if not a.targets and not a.local:
             args["targets"] = list(cfg.explore)
-        fanout = fanout or cfg.fanout
-        timeout = timeout or cfg.timeout
+        fanout = cfg.fanout if fanout is None else fanout
+        timeout = cfg.timeout if timeout is None else timeout
         # Per-cluster settings travel per host; the head applies them when it
         # plans (fan-out) and spawns (timeout, python), under any rule option.
         settings = {}
@@ -94,9 +124,13 @@ def cmd_explore(c: Client, a: argparse.Namespace) -> int:
         raise UsageError("explore: name target hosts, --local N, or --config FILE with an explore list")
     for t in args["targets"]:
         hostpattern.expand(t)   # a bad pattern is a usage error before anything starts
-    args["fanout"] = fanout or 8
-    args["timeout"] = timeout or 20.0
-    status, result = c.call("explore", args, on_print=_write)
+    args["fanout"] = 8 if fanout is None else fanout
+    args["timeout"] = 20.0 if timeout is None else float(timeout)
+    a.request = args
+
+
+def cmd_explore(c: Client, a: argparse.Namespace) -> int:
+    status, result = c.call("explore", a.request, on_print=_write)
     if status == 2:
         _err(result.get("error", "explore failed"))
         return EXIT_USAGE
@@ -121,6 +155,23 @@ def cmd_stat(c: Client, a: argparse.Namespace) -> int:
         print("%s%s %s [%s] %s pid=%s%s" % ("  " * depth, n["id"], where, n["channel"], state,
                                               n["pid"], mark))
     return EXIT_OK
+
+
+# -- e, gexec ------------------------------------------------------------------------
+def check_e(a: argparse.Namespace, verb: str = "e") -> None:
+    if not a.command:
+        raise UsageError("%s: give a command to run" % verb)
+    if a.hosts is not None:
+        hostpattern.compile_pattern(a.hosts)
+    for what, mask in (("--mask", a.mask), ("MASK", getattr(a, "name", None))):
+        if mask is not None:
+            problem = user_names.mask_name_problem(mask)
+            if problem:
+                raise UsageError("%s: %s: %s" % (verb, what, problem))
+
+
+def check_gexec(a: argparse.Namespace) -> None:
+    check_e(a, "gexec")
 
 
 def cmd_e(c: Client, a: argparse.Namespace, command: Optional[List[str]] = None,
@@ -227,25 +278,56 @@ def _forward_stdin(c: Client, job: int, nodes: List[str]) -> None:
             c.send(nid, {"op": "stdin", "job": job, "data": chunk, "eof": last})
 
 
+
 def cmd_gexec(c: Client, a: argparse.Namespace) -> int:
     return cmd_e(c, a, command=a.command, mask=a.name)
 
 
-def cmd_simple(name: str, **fixed: Any) -> Any:
+# -- masks, cd, export -----------------------------------------------------------------
+def check_savemask(a: argparse.Namespace) -> None:
+    problem = user_names.mask_name_problem(a.name)
+    if problem:
+        raise UsageError("savemask: %s" % problem)
+
+
+def check_cd(a: argparse.Namespace) -> None:
+    """An absolute directory that exists on the head. The nodes are not asked
+    here (that would be a round over the tree for every cd): a node without the
+    directory fails each later command with its own one-line reason."""
+    if not a.dir:
+        raise UsageError("cd: give a directory, e.g. gxpc cd %s" % os.getcwd())
+    if not os.path.isabs(a.dir):
+        raise UsageError("cd: give an absolute directory (nodes do not share your working "
+                         "directory), e.g. gxpc cd %s" % os.path.join(os.getcwd(), a.dir))
+    if not os.path.isdir(a.dir):
+        why = "not a directory" if os.path.exists(a.dir) else "no such directory"
+        raise UsageError("cd: %s: %s on this host (the head runs commands too)" % (a.dir, why))
+    a.dir = os.path.normpath(a.dir)
+
+
+def check_export(a: argparse.Namespace) -> None:
+    env: Dict[str, str] = {}
+    for item in a.assignments:
+        if "=" not in item:
+            raise UsageError("export: expected VAR=VALUE, got %r" % item)
+        k, v = item.split("=", 1)
+        problem = user_names.env_name_problem(k)
+        if problem:
+            raise UsageError("export: %s" % problem)
+        env[k] = v
+    a.env = env
+
+
+def cmd_simple(name: str) -> Any:
+    """A request whose arguments its check prepared, answered with a status only."""
     def run(c: Client, a: argparse.Namespace) -> int:
-        args = dict(fixed)
+        args: Dict[str, Any] = {}
         if name == "savemask":
             args["name"] = a.name
         elif name == "cd":
             args["dir"] = a.dir
         elif name == "export":
-            env = {}
-            for item in a.assignments:
-                if "=" not in item:
-                    raise UsageError("export: expected VAR=VALUE, got %r" % item)
-                k, v = item.split("=", 1)
-                env[k] = v
-            args["env"] = env
+            args["env"] = a.env
         status, result = c.call(name, args)
         if status:
             _err(result.get("error", "%s failed" % name))
@@ -254,54 +336,9 @@ def cmd_simple(name: str, **fixed: Any) -> Any:
     return run
 
 
-def cmd_mount(c: Client, a: argparse.Namespace) -> int:
-    opts = _mount_options(a.options)
-    args = {"export": os.path.abspath(a.export), "mountpoint": os.path.abspath(a.mountpoint),
-            "ro": "ro" in opts, "cipher": opts.get("cipher") != "none"}
-    status, result = c.call("mount", args, on_print=_write)
-    if status == 2:
-        _err(result.get("error", "mount failed"))
-        return EXIT_USAGE
-    return EXIT_FAILED if status else EXIT_OK
-
-
-def _mount_options(values: List[str]) -> Dict[str, str]:
-    opts: Dict[str, str] = {}
-    for v in values:
-        for item in v.split(","):
-            k, _, val = item.partition("=")
-            if k not in ("ro", "rw", "cipher"):
-                raise UsageError("mount: unknown option %r (known: ro, rw, cipher=none)" % k)
-            if k == "cipher" and val != "none":
-                raise UsageError("mount: cipher takes only 'none' (authentication stays on)")
-            opts[k] = val
-    return opts
-
-
-def cmd_umount(c: Client, a: argparse.Namespace) -> int:
-    args = {"mountpoint": os.path.abspath(a.mountpoint) if a.mountpoint else None}
-    status, result = c.call("umount", args, on_print=_write)
-    if status == 2:
-        _err(result.get("error", "umount failed"))
-        return EXIT_USAGE
-    return EXIT_FAILED if status else EXIT_OK
-
-
-def cmd_mw(c: Client, a: argparse.Namespace) -> int:
-    """GXP compatibility: `gxpc mw gmnt EXPORT MOUNT` and `gxpc mw gmnt -u`."""
-    if a.program != "gmnt":
-        raise UsageError("mw: only the gmnt program is built in (got %r)" % a.program)
-    if a.unmount:
-        a.mountpoint = a.args[0] if a.args else None
-        return cmd_umount(c, a)
-    if len(a.args) != 2:
-        raise UsageError("mw gmnt EXPORT MOUNTPOINT, or mw gmnt -u")
-    a.export, a.mountpoint = a.args
-    a.options = []
-    return cmd_mount(c, a)
-
-
-def cmd_quit(c: Client, a: argparse.Namespace) -> int:
+def cmd_quit(c: Optional[Client], a: argparse.Namespace) -> int:
+    if c is None:
+        return EXIT_OK    # nothing runs: nothing to stop
     try:
         status, result = c.call("quit")
     except ClientError:
@@ -310,167 +347,140 @@ def cmd_quit(c: Client, a: argparse.Namespace) -> int:
         _err("quit: no clean exit from: %s" % ", ".join(result["unclean"]))
         return EXIT_FAILED
     # Wait until the daemon has removed its socket.
+    import time
+    from gxpstyle import session
     deadline = time.monotonic() + 5
     while os.path.exists(session.socket_path(c.session_dir)) and time.monotonic() < deadline:
         time.sleep(0.02)
     return EXIT_OK
 
 
-# -- parser ----------------------------------------------------------------------
-def cmd_make(c: Optional[Client], a: argparse.Namespace) -> int:
-    from make_backend import make_command
-    try:
-        return make_command.main(c, c.session_dir if c else "", a.make_args)
-    except make_command.MakeUsage as e:
-        _err("make: %s" % e)
-        return EXIT_USAGE
+# -- the core's verbs ------------------------------------------------------------------
+def _use_description() -> str:
+    from gxpstyle import use_rules
+    return ("gxpc use CHANNEL SRC DST: hosts matching SRC can start agents on hosts matching DST "
+            "with CHANNEL (%s). Without arguments, list the rules." % ", ".join(use_rules.CHANNELS))
 
 
-def _split_make(argv: List[str]) -> "tuple[List[str], Optional[List[str]]]":
-    """`gxpc [--session DIR] make ARGS...`: make's arguments are never ours to parse."""
-    i = 0
-    while i < len(argv):
-        if argv[i] == "--session":
-            i += 2
-        elif argv[i].startswith("--session="):
-            i += 1
-        else:
-            break
-    if i < len(argv) and argv[i] == "make":
-        return argv[:i + 1], argv[i + 1:]
-    return argv, None
+def _e_options() -> List[Opt]:
+    return [Opt(("--host-prefix", "-H"), "flag", "prefix each line with its host"),
+            Opt(("--fold", "-b"), "flag", "gather output and fold identical ones"),
+            Opt(("--stdin",), "flag", "forward our stdin to every node"),
+            Opt(("--mask", "-m"), metavar="NAME", help="run on a saved mask"),
+            Opt(("--hosts",), metavar="PATTERN", help="only nodes whose name matches")]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="gxpc", description="Explore hosts without preinstalling anything, and run commands on all of them.",
-        epilog="Exit status: 0 ok, 1 some host/node failed, 2 usage, 3 session problem, 130 interrupted.")
-    p.add_argument("--session", metavar="DIR", help="session directory (default: $GXP_SESSION or per-user default)")
-    sub = p.add_subparsers(dest="verb", metavar="COMMAND")
+CORE: Dict[str, Verb] = {v.name: v for v in (
+    Verb("use", "say which hosts reach which, by which channel", cmd_use, session=START, check=check_use,
+         description=_use_description,
+         args=[Arg("channel", "?", metavar="CHANNEL"),
+               Arg("src", "?", metavar="SRC"), Arg("dst", "?", metavar="DST")],
+         options=[Opt(("--user", "-l")),
+                  Opt(("--port", "-p"), "int", "ssh port (1 to 65535)"),
+                  Opt(("--identity-file", "-i")),
+                  Opt(("--ssh-option", "-o"), "append", "an option passed to ssh (repeat), e.g. -o ProxyJump=gw"),
+                  Opt(("--python",), help="interpreter on the targets (default python3)"),
+                  Opt(("--template",), help="sh channel: command template, e.g. 'docker exec -i {host} {cmd}'"),
+                  Opt(("--queue", "-q"), help="batch queue or partition"),
+                  Opt(("--batch-option",), "append"),
+                  Opt(("--connect-host",), help="batch: address jobs use to reach the parent"),
+                  Opt(("--job-time",), help="batch: wall time limit"),
+                  Opt(("--fanout",), "int", "max children of each node this rule reaches (1 to %d)"
+                      % limits.RANGES["fanout"][1]),
+                  Opt(("--timeout",), "float", "seconds for one host's bootstrap (%g to %d)"
+                      % limits.RANGES["timeout"][:2])]),
+    Verb("explore", "bring up agents on hosts, as a tree", cmd_explore, session=START, check=check_explore,
+         args=[Arg("targets", "*", metavar="TARGET", help="host patterns, e.g. 'tb[[01-16]]'")],
+         options=[Opt(("--local",), "int", metavar="N",
+                      help="start N agents on this machine, no ssh needed (0 to %d)" % limits.RANGES["local"][1]),
+                  Opt(("--config", "-c"), metavar="FILE", help="cluster description (YAML)"),
+                  Opt(("--fanout",), "int", "max children per agent (1 to %d, default 8)"
+                      % limits.RANGES["fanout"][1]),
+                  Opt(("--timeout",), "float", "seconds allowed for one host's bootstrap (%g to %d, "
+                      "default 20)" % limits.RANGES["timeout"][:2]),
+                  Opt(("--verbose", "-v"), "flag", "print a summary line")]),
+    Verb("stat", "show the tree: who bootstrapped whom, by which channel", cmd_stat),
+    Verb("e", "run a shell command on the selected nodes", cmd_e, check=check_e,
+         options=_e_options(), args=[Arg("command", REMAINDER, metavar="COMMAND")]),
+    Verb("gexec", "run a command on the nodes of a saved mask", cmd_gexec, check=check_gexec,
+         options=_e_options(), args=[Arg("name", metavar="MASK"), Arg("command", REMAINDER, metavar="COMMAND")]),
+    Verb("smask", "select the nodes where the last command succeeded", cmd_simple("smask")),
+    Verb("rmask", "select all nodes again", cmd_simple("rmask")),
+    Verb("savemask", "save the nodes where the last command succeeded as NAME", cmd_simple("savemask"),
+         args=[Arg("name", metavar="NAME")], check=check_savemask),
+    Verb("cd", "working directory for later commands on every node", cmd_simple("cd"),
+         args=[Arg("dir", metavar="DIR", help="an absolute directory; it must exist here, on the head")],
+         check=check_cd),
+    Verb("export", "environment for later commands on every node", cmd_simple("export"),
+         args=[Arg("assignments", "+", metavar="VAR=VALUE")], check=check_export),
+    Verb("quit", "stop every agent and remove what was shipped", cmd_quit, session=OPTIONAL),
+)}
 
-    u = sub.add_parser("use", help="say which hosts reach which, by which channel",
-                       description="gxpc use CHANNEL SRC DST: hosts matching SRC can start agents on hosts "
-                                   "matching DST with CHANNEL (%s). Without arguments, list the rules."
-                                   % ", ".join(use_rules.CHANNELS))
-    u.add_argument("channel", nargs="?", choices=use_rules.CHANNELS, metavar="CHANNEL")
-    u.add_argument("src", nargs="?", metavar="SRC")
-    u.add_argument("dst", nargs="?", metavar="DST")
-    u.add_argument("--user", "-l")
-    u.add_argument("--port", "-p", type=int)
-    u.add_argument("--identity-file", "-i", dest="identity_file")
-    u.add_argument("--ssh-option", "-o", action="append", default=[], metavar="OPT",
-                   help="an option passed to ssh (repeat), e.g. -o ProxyJump=gw")
-    u.add_argument("--python", help="interpreter on the targets (default python3)")
-    u.add_argument("--template", help="sh channel: command template, e.g. 'docker exec -i {host} {cmd}'")
-    u.add_argument("--queue", "-q", help="batch queue or partition")
-    u.add_argument("--batch-option", action="append", default=[], metavar="OPT")
-    u.add_argument("--connect-host", dest="connect_host", help="batch: address jobs use to reach the parent")
-    u.add_argument("--job-time", dest="job_time", help="batch: wall time limit")
-    u.add_argument("--fanout", type=int)
-    u.add_argument("--timeout", type=float)
-    u.set_defaults(func=cmd_use, start=True)
 
-    ex = sub.add_parser("explore", help="bring up agents on hosts, as a tree")
-    ex.add_argument("targets", nargs="*", metavar="TARGET", help="host patterns, e.g. 'tb[[01-16]]'")
-    ex.add_argument("--local", type=int, metavar="N", help="start N agents on this machine (no ssh needed)")
-    ex.add_argument("--config", "-c", metavar="FILE", help="cluster description (YAML)")
-    ex.add_argument("--fanout", type=int, help="max children per agent (default 8)")
-    ex.add_argument("--timeout", type=float, help="seconds allowed for one host's bootstrap (default 20)")
-    ex.add_argument("--verbose", "-v", action="store_true", help="print a summary line")
-    ex.set_defaults(func=cmd_explore, start=True)
+# -- main ------------------------------------------------------------------------------
+def _user_error_types() -> tuple:
+    """Exceptions that are the user's mistake (exit 2), of the modules loaded so far:
+    a module not imported cannot have raised its error."""
+    types: List[type] = [UsageError, limits.RangeError]
+    for module, name in (("gxpstyle.use_rules", "RuleError"), ("gxpstyle.hostpattern", "PatternError"),
+                         ("gxpstyle.cluster_config", "ConfigError")):
+        m = sys.modules.get(module)
+        if m is not None:
+            types.append(getattr(m, name))
+    return tuple(types)
 
-    st = sub.add_parser("stat", help="show the tree: who bootstrapped whom, by which channel")
-    st.set_defaults(func=cmd_stat, start=False)
 
-    for verb, helptext in (("e", "run a shell command on the selected nodes"),
-                           ("gexec", "run a command on the nodes of a saved mask")):
-        e = sub.add_parser(verb, help=helptext)
-        if verb == "gexec":
-            e.add_argument("name", metavar="MASK")
-        e.add_argument("--host-prefix", "-H", action="store_true", help="prefix each line with its host")
-        e.add_argument("--fold", "-b", action="store_true", help="gather output and fold identical ones")
-        e.add_argument("--stdin", action="store_true", help="forward our stdin to every node")
-        e.add_argument("--mask", "-m", metavar="NAME", help="run on a saved mask")
-        e.add_argument("--hosts", metavar="PATTERN", help="only nodes whose name matches")
-        e.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND")
-        e.set_defaults(func=cmd_e if verb == "e" else cmd_gexec, start=False)
-
-    sm = sub.add_parser("smask", help="select the nodes where the last command succeeded")
-    sm.set_defaults(func=cmd_simple("smask"), start=False)
-    rm = sub.add_parser("rmask", help="select all nodes again")
-    rm.set_defaults(func=cmd_simple("rmask"), start=False)
-    sv = sub.add_parser("savemask", help="save the nodes where the last command succeeded as NAME")
-    sv.add_argument("name")
-    sv.set_defaults(func=cmd_simple("savemask"), start=False)
-    cd = sub.add_parser("cd", help="working directory for later commands on every node")
-    cd.add_argument("dir")
-    cd.set_defaults(func=cmd_simple("cd"), start=False)
-    xp = sub.add_parser("export", help="environment for later commands on every node")
-    xp.add_argument("assignments", nargs="+", metavar="VAR=VALUE")
-    xp.set_defaults(func=cmd_simple("export"), start=False)
-    mo = sub.add_parser("mount", help="GMount: every node exports EXPORT and mounts the merged view",
-                        description="Every explored node (the head included) exports EXPORT and mounts, "
-                                    "at MOUNTPOINT, its own EXPORT merged with every other node's.")
-    mo.add_argument("export", metavar="EXPORT")
-    mo.add_argument("mountpoint", metavar="MOUNTPOINT")
-    mo.add_argument("-o", dest="options", action="append", default=[], metavar="OPT",
-                    help="ro (read-only, enforced by every export), cipher=none (no TLS on the "
-                         "data channel; authentication stays on)")
-    mo.set_defaults(func=cmd_mount, start=False)
-    um = sub.add_parser("umount", help="unmount the session's GMount everywhere")
-    um.add_argument("mountpoint", nargs="?", metavar="MOUNTPOINT")
-    um.set_defaults(func=cmd_umount, start=False)
-    mw = sub.add_parser("mw", help="GXP compatibility: mw gmnt EXPORT MOUNT / mw gmnt -u")
-    mw.add_argument("program")
-    mw.add_argument("-u", dest="unmount", action="store_true")
-    mw.add_argument("args", nargs="*")
-    mw.set_defaults(func=cmd_mw, start=False)
-    mk = sub.add_parser("make", help="GNU make with every recipe on a node the head picks",
-                        description="gxpc make [--local] [MAKE-ARGUMENTS...]: see gxpc make --help",
-                        add_help=False)
-    mk.set_defaults(func=cmd_make, start=False)
-    q = sub.add_parser("quit", help="stop every agent and remove what was shipped")
-    q.set_defaults(func=cmd_quit, start=False)
-    return p
+def _session_error_types() -> tuple:
+    m = sys.modules.get("gxpstyle.session")
+    return (ClientError,) + ((m.SessionError,) if m is not None else ())
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     # `gxpc stat | head` must end quietly, like any Unix filter.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    parser = build_parser()
-    argv, make_args = _split_make(list(sys.argv[1:] if argv is None else argv))
-    a = parser.parse_args(argv)
-    a.make_args = make_args or []
-    if not a.verb:
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
-    c = Client(a.session)
+    words = list(sys.argv[1:] if argv is None else argv)
+    c: Optional[Client] = None
     try:
-        if not c.connect(start=a.start):
-            if a.verb == "make":
-                c.close()
-                return cmd_make(None, a)
-            if a.verb == "quit":
-                return EXIT_OK
-            _err("no session running in %s (start one with gxpc explore)" % c.session_dir)
-            return EXIT_SESSION
-        return a.func(c, a)
-    except UsageError as e:
-        _err(str(e))
-        return EXIT_USAGE
-    except (use_rules.RuleError, hostpattern.PatternError, cluster_config.ConfigError) as e:
-        _err(str(e))
-        return EXIT_USAGE
-    except session.SessionError as e:
-        _err(str(e))
-        return EXIT_SESSION
-    except ClientError as e:
-        _err(str(e))
-        return EXIT_SESSION
+        session_dir, want_help, name, words = verbs.split_global(words)
+        if want_help or name is None:
+            verbs.print_help(CORE, DESCRIPTION, EPILOG, sys.stdout if want_help else sys.stderr)
+            return EXIT_OK if want_help else EXIT_USAGE
+        verb = verbs.find(name, CORE)
+        if verb is None:
+            raise UsageError("unknown command %r (gxpc --help lists the commands)" % name)
+        a = verbs.parse(verb, words)
+        if verb.check is not None:
+            verb.check(a)
+        c = Client(session_dir)
+        if not c.connect(start=verb.session == START):
+            where = c.session_dir
+            c.close()
+            c = None
+            if verb.session != OPTIONAL:
+                _err("no session running in %s (start one with gxpc explore)" % where)
+                return EXIT_SESSION
+        return verb.run(c, a)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except Exception as e:
+        if isinstance(e, _user_error_types()):
+            _err(str(e))
+            return EXIT_USAGE
+        if isinstance(e, _session_error_types()):
+            _err(str(e))
+            return EXIT_SESSION
+        if isinstance(e, OSError):
+            what = e.strerror or str(e)
+            _err("%s: %s" % (e.filename, what) if e.filename else what)
+            return EXIT_SESSION
+        if os.environ.get("GXP_DEBUG"):
+            raise
+        # A bug of ours: one line, not a traceback (GXP_DEBUG=1 shows it).
+        _err("internal error, please report it (GXP_DEBUG=1 for details): %s" % (e,))
+        return EXIT_FAILED
     finally:
-        c.close()
+        if c is not None:
+            c.close()
 
 
 if __name__ == "__main__":

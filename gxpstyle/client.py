@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import os
 import select
-import socket
-import subprocess
 import sys
 import time
-from typing import Any, Dict, Iterator, Optional, Tuple
 
 from gxpstyle import session, wire
+
+# Imported for types only: gxpc loads this module on every start, and typing
+# alone costs about as much CPU as the interpreter's own start.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import socket
+    from typing import Any, Dict, Iterator, Optional, Tuple
 
 START_TIMEOUT = 30.0
 
@@ -54,7 +58,9 @@ class Client:
     def _try_connect(self, path: str) -> bool:
         if not os.path.exists(path):
             return False
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # _socket, not socket: the socket module's enums double gxpc's start-up CPU.
+        import _socket
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             s.connect(path)
         except (ConnectionRefusedError, FileNotFoundError):
@@ -63,10 +69,11 @@ class Client:
         except PermissionError:
             s.close()
             raise ClientError("%s: permission denied" % path)
-        self.sock = s
+        self.sock = s   # type: ignore[assignment]  # socket.socket's base: the same calls
         return True
 
     def _start_daemon(self) -> None:
+        import subprocess
         r, w = os.pipe()
         log = os.path.join(self.session_dir, session.LOG_NAME)
         proc = subprocess.Popen(
@@ -93,7 +100,7 @@ class Client:
             tail = ""
             try:
                 with open(log) as f:
-                    lines = [l for l in f.read().splitlines() if l.strip()]
+                    lines = [line for line in f.read().splitlines() if line.strip()]
                     tail = lines[-1] if lines else ""
             except OSError:
                 pass

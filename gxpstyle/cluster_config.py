@@ -16,7 +16,8 @@ plain YAML types (map, seq, str, int, float, bool, null) are accepted, every oth
 tag and every alias is an error, so a file cannot build an arbitrary object or
 blow up by alias expansion. Each node keeps its line, and every error is one line,
 `<file>:<line>: <what is wrong>`, at the node that is wrong. Rule checks are
-use_rules.make_rule's own, so a file and the command line reject the same things.
+use_rules.make_rule's own and numbers have limits.RANGES's ranges, so a file and
+the command line reject the same things in the same words.
 
 Where a plain scalar resolved to a number but a string is wanted, its source text
 is used: `job_time: 1:00:00` is "1:00:00" (not YAML 1.1's sexagesimal 3600) and
@@ -32,7 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from gxpstyle import hostpattern
+from gxpstyle import hostpattern, limits
 from gxpstyle.use_rules import CHANNELS, OPTIONS, RuleError, UseRule, make_rule
 
 DEFAULT_FANOUT = 8
@@ -305,21 +306,25 @@ class _Reader:
             raise self.error(node, "%s: %s" % (what, e)) from None
         return p
 
-    def positive_int(self, node: Node, what: str) -> int:
+    def whole_number(self, node: Node, what: str) -> int:
+        """An integer in limits.RANGES[what] (fanout)."""
         v = self.value(node)
         if isinstance(v, bool) or not isinstance(v, int):
             raise self.error(node, "%s must be an integer, not %s" % (what, _kind(node)))
-        if v <= 0:
-            raise self.error(node, "%s must be positive, not %d" % (what, v))
-        return v
+        return int(self.in_range(node, what, v))
 
-    def positive_number(self, node: Node, what: str) -> float:
+    def seconds(self, node: Node, what: str) -> float:
+        """A number of seconds in limits.RANGES[what] (timeout)."""
         v = self.value(node)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise self.error(node, "%s must be a number of seconds, not %s" % (what, _kind(node)))
-        if not v > 0 or v == float("inf"):
-            raise self.error(node, "%s must be a positive finite number, not %s" % (what, v))
-        return float(v)
+        return float(self.in_range(node, what, v))
+
+    def in_range(self, node: Node, what: str, value: Any) -> Any:
+        try:
+            return limits.check(what, value)
+        except limits.RangeError as e:
+            raise self.error(node, str(e)) from None
 
     # the file
 
@@ -330,9 +335,9 @@ class _Reader:
         m = self.mapping(root, "the top level")
         self.check_keys(m, TOP_KEYS, "top-level key")
         if "fanout" in m:
-            cfg.fanout = self.positive_int(m["fanout"][1], "fanout")
+            cfg.fanout = self.whole_number(m["fanout"][1], "fanout")
         if "timeout" in m:
-            cfg.timeout = self.positive_number(m["timeout"][1], "timeout")
+            cfg.timeout = self.seconds(m["timeout"][1], "timeout")
         if "python" in m:
             cfg.python = self.string(m["python"][1], "python")
         if "use" in m:
@@ -418,9 +423,9 @@ class _Reader:
                 raise self.error(knode, "cluster %r has no hosts" % name)
             c = ClusterSettings(name, self.pattern(cm["hosts"][1], "hosts"))
             if "fanout" in cm and not self.is_null(cm["fanout"][1]):
-                c.fanout = self.positive_int(cm["fanout"][1], "fanout")
+                c.fanout = self.whole_number(cm["fanout"][1], "fanout")
             if "timeout" in cm and not self.is_null(cm["timeout"][1]):
-                c.timeout = self.positive_number(cm["timeout"][1], "timeout")
+                c.timeout = self.seconds(cm["timeout"][1], "timeout")
             if "python" in cm and not self.is_null(cm["python"][1]):
                 c.python = self.string(cm["python"][1], "python")
             out.append(c)

@@ -293,7 +293,7 @@ def _term_re(term: _Term) -> str:
     out: List[str] = []
     for kind, val in term:
         if kind == "text":
-            out.append(re.escape(val))  # type: ignore[arg-type]
+            out.append(re.escape(val))  # type: ignore[arg-type, type-var]
         elif kind == "group":
             out.append(_group_re(val))  # type: ignore[arg-type]
         elif kind == "star":

@@ -49,6 +49,6 @@ def check(name: str, value: "Number", what: str = "") -> "Number":
 
 
 def _fmt(x: "Number") -> str:
-    if isinstance(x, float) and x == int(x):
+    if isinstance(x, float) and x.is_integer():   # False for inf and nan
         return str(int(x))
     return str(x)

@@ -8,11 +8,13 @@ session gives its holder the user's account on every node.
 """
 from __future__ import annotations
 
-import datetime
-import hashlib
 import os
 import stat
-from typing import Optional, Tuple
+
+# Types only: every gxpc start loads this module (typing would double its CPU).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional, Tuple
 
 SOCKET_NAME = "gxpd.sock"
 LOG_NAME = "gxpd.log"
@@ -78,6 +80,7 @@ def new_secret() -> bytes:
 
 def session_name(session_dir: str) -> str:
     """A short non-secret tag for process names and per-node directories."""
+    import hashlib
     return hashlib.sha256(os.path.abspath(session_dir).encode()).hexdigest()[:10]
 
 
@@ -86,6 +89,9 @@ def make_certificate(days: int = 30) -> Tuple[str, str, str]:
 
     Generated on the head with `cryptography` (a dependency of paramiko); agents
     only load it, with the standard `ssl` module."""
+    import datetime
+    import hashlib
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
-from gxpstyle import hostpattern
+from gxpstyle import hostpattern, limits
 
 CHANNELS = ("local", "ssh", "paramiko", "rsh", "sh", "torque", "slurm")
 
@@ -72,10 +72,11 @@ def make_rule(channel: str, src: str, dst: str, options: "Dict[str, Any] | None"
             raise RuleError("option %r has a bad value %r" % (name, value))
         if name in ("ssh_options", "batch_options") and not all(isinstance(x, str) for x in value):
             raise RuleError("option %r must be a list of strings" % name)
-        if name in ("port", "fanout") and value <= 0:
-            raise RuleError("option %r must be positive" % name)
-        if name == "timeout" and value <= 0:
-            raise RuleError("option 'timeout' must be positive")
+        if name in ("port", "fanout", "timeout"):
+            try:
+                limits.check(name, value, "option %r" % name)
+            except limits.RangeError as e:
+                raise RuleError(str(e)) from None
     if channel == "sh" and "template" not in options:
         raise RuleError("channel sh needs a template, e.g. 'docker exec -i {host} {cmd}'")
     return UseRule(channel, src, dst, options)

@@ -1,0 +1,92 @@
+"""gxpc's GMount verbs: `mount`, `umount` and GXP's `mw gmnt`.
+
+Registered with gxpc through the `gxpstyle.verbs` entry points (setup.py); the
+head's side of a mount is sshfsmux/gmount_control.py.
+"""
+from __future__ import annotations
+
+import os
+
+from gxpstyle.verbs import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Arg, Opt, UsageError, Verb, err, write_stream
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List
+
+    from gxpstyle.client import Client
+
+
+def mount_options(values: List[str]) -> Dict[str, str]:
+    opts: Dict[str, str] = {}
+    for v in values:
+        for item in v.split(","):
+            k, _, val = item.partition("=")
+            if k not in ("ro", "rw", "cipher"):
+                raise UsageError("mount: unknown option %r (known: ro, rw, cipher=none)" % k)
+            if k == "cipher" and val != "none":
+                raise UsageError("mount: cipher takes only 'none' (authentication stays on)")
+            opts[k] = val
+    return opts
+
+
+def check_mount(a: Any) -> None:
+    for what, path in (("EXPORT", a.export), ("MOUNTPOINT", a.mountpoint)):
+        if not path:
+            raise UsageError("mount: %s must not be empty" % what)
+    a.opts = mount_options(a.options)
+
+
+def cmd_mount(c: Client, a: Any) -> int:
+    args = {"export": os.path.abspath(a.export), "mountpoint": os.path.abspath(a.mountpoint),
+            "ro": "ro" in a.opts, "cipher": a.opts.get("cipher") != "none"}
+    status, result = c.call("mount", args, on_print=write_stream)
+    if status == 2:
+        err(result.get("error", "mount failed"))
+        return EXIT_USAGE
+    return EXIT_FAILED if status else EXIT_OK
+
+
+def cmd_umount(c: Client, a: Any) -> int:
+    args = {"mountpoint": os.path.abspath(a.mountpoint) if a.mountpoint else None}
+    status, result = c.call("umount", args, on_print=write_stream)
+    if status == 2:
+        err(result.get("error", "umount failed"))
+        return EXIT_USAGE
+    return EXIT_FAILED if status else EXIT_OK
+
+
+def check_mw(a: Any) -> None:
+    """GXP compatibility: `gxpc mw gmnt EXPORT MOUNT` and `gxpc mw gmnt -u [MOUNT]`."""
+    if a.program != "gmnt":
+        raise UsageError("mw: only the gmnt program is built in (got %r)" % a.program)
+    if a.unmount:
+        if len(a.args) > 1:
+            raise UsageError("mw gmnt -u [MOUNTPOINT]")
+        a.mountpoint = a.args[0] if a.args else None
+        return
+    if len(a.args) != 2:
+        raise UsageError("mw gmnt EXPORT MOUNTPOINT, or mw gmnt -u")
+    a.export, a.mountpoint = a.args
+    a.options = []
+    check_mount(a)
+
+
+def cmd_mw(c: Client, a: Any) -> int:
+    return cmd_umount(c, a) if a.unmount else cmd_mount(c, a)
+
+
+MOUNT = Verb(
+    "mount", "GMount: every node exports EXPORT and mounts the merged view", cmd_mount, check=check_mount,
+    description="Every explored node (the head included) exports EXPORT and mounts, at MOUNTPOINT, "
+                "its own EXPORT merged with every other node's.",
+    args=[Arg("export", metavar="EXPORT"), Arg("mountpoint", metavar="MOUNTPOINT")],
+    options=[Opt(("-o",), "append", dest="options", metavar="OPT",
+                 help="ro (read-only, enforced by every export), cipher=none (no TLS on the data "
+                      "channel; authentication stays on)")])
+
+UMOUNT = Verb("umount", "unmount the session's GMount everywhere", cmd_umount,
+              args=[Arg("mountpoint", "?", metavar="MOUNTPOINT")])
+
+MW = Verb("mw", "GXP compatibility: mw gmnt EXPORT MOUNT / mw gmnt -u", cmd_mw, check=check_mw,
+          args=[Arg("program", metavar="PROGRAM"), Arg("args", "*", metavar="ARG")],
+          options=[Opt(("-u",), "flag", dest="unmount", help="unmount")])

@@ -1,0 +1,99 @@
+"""gxpc checks every number and name where it enters: one line in the user's
+words, exit 2, and no session started or needed (issue 12). Verbs come from
+one registry, plugins included (issue 13). Run as an ordinary user, from the
+installed venv."""
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import venv_dir
+
+# (arguments, what the one line must say)
+BAD = [
+    (["explore", "--local", "-3"], "explore: --local must be from 0 to 10000 (local agents), got -3"),
+    (["explore", "--local", "10001"], "explore: --local must be from 0 to 10000"),
+    (["explore", "--local", "x"], "explore: argument --local: invalid int value: 'x'"),
+    (["explore", "--fanout", "0", "--local", "2"], "explore: --fanout must be from 1 to 1000"),
+    (["explore", "--fanout", "-2", "--local", "2"], "explore: --fanout must be from 1 to 1000"),
+    (["explore", "--fanout", "1001", "--local", "2"], "explore: --fanout must be from 1 to 1000"),
+    (["explore", "--timeout", "-1", "h1"], "explore: --timeout must be from 0.1 to 604800 (seconds), got -1"),
+    (["explore", "--timeout", "0", "h1"], "explore: --timeout must be from 0.1"),
+    (["explore", "--timeout", "inf", "h1"], "explore: --timeout must be from 0.1 to 604800"),
+    (["explore", "--timeout", "nan", "h1"], "explore: --timeout must be a number"),
+    (["explore"], "explore: name target hosts, --local N, or --config FILE"),
+    (["explore", "tb[[05-01]]"], "runs backwards"),
+    (["explore", "--config", "/nonexistent.yaml"], "/nonexistent.yaml: no such file"),
+    (["use", "ssh", "head", "tb01", "--port", "99999"], "use: --port must be from 1 to 65535 (a TCP port), got 99999"),
+    (["use", "ssh", "head", "tb01", "--port", "0"], "use: --port must be from 1 to 65535"),
+    (["use", "ssh", "head", "tb01", "--fanout", "0"], "use: --fanout must be from 1 to 1000"),
+    (["use", "ssh", "head", "tb01", "--timeout", "-1"], "use: --timeout must be from 0.1"),
+    (["use", "ssh", "head"], "give both a source and a destination"),
+    (["use", "bogus", "a", "b"], "use: unknown channel 'bogus'"),
+    (["use", "--port", "22"], "use: options need a rule"),
+    (["export", "=x"], "export: a variable needs a name"),
+    (["export", "1A=b"], "export: '1A' is not a variable name"),
+    (["export", "A-B=b"], "export: 'A-B' is not a variable name"),
+    (["export", "A"], "export: expected VAR=VALUE, got 'A'"),
+    (["savemask", ""], "savemask: a mask needs a name"),
+    (["savemask", "a b"], "savemask: 'a b' is not a mask name"),
+    (["cd", "relative/dir"], "cd: give an absolute directory"),
+    (["cd", ""], "cd: give a directory"),
+    (["cd", "/nonexistent-gxp-dir"], "cd: /nonexistent-gxp-dir: no such directory on this host"),
+    (["cd", "/etc/passwd"], "cd: /etc/passwd: not a directory"),
+    (["e"], "e: give a command to run"),
+    (["e", "-H"], "e: give a command to run"),
+    (["gexec", "m1"], "gexec: give a command to run"),
+    (["e", "--hosts", "tb[[05-01]]", "true"], "runs backwards"),
+    (["e", "--bogus"], "e: unrecognized arguments: --bogus"),
+    (["nosuchverb"], "unknown command 'nosuchverb'"),
+    (["--bogus", "stat"], "unknown option --bogus"),
+    (["mount", "-o", "fast", "/a", "/b"], "mount: unknown option 'fast'"),
+    (["mw", "gmnt", "/a"], "mw gmnt EXPORT MOUNTPOINT"),
+    (["mw", "other", "a", "b"], "mw: only the gmnt program"),
+]
+
+
+@pytest.mark.parametrize("args,says", BAD, ids=[" ".join(a) or "-" for a, _ in BAD])
+def test_bad_input_is_one_line_exit_2_before_any_session(gxp, args, says):
+    r = gxp.run(*args, timeout=30)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("gxpc: "), r.stderr
+    assert says in r.stderr, r.stderr
+    # Never a Python exception's class name.
+    assert not re.search(r"\b[A-Z][A-Za-z]*(Error|Exception)\b|Traceback", r.stderr), r.stderr
+    # Checked before connecting: no daemon was started for a usage error.
+    assert not os.path.exists(gxp.session_dir) and gxp.daemon_pids() == []
+
+
+def test_checks_in_a_session_and_good_values_pass(gxp, tmp_path):
+    gxp.ok("explore", "--local", "2", "--fanout", "1", "--timeout", "30")
+    r = gxp.run("explore", "--local", "-3")                 # the daemon is never asked
+    assert r.returncode == 2 and "--local must be from 0" in r.stderr
+    assert r.stderr.count("\n") == 1
+    assert gxp.run("e").returncode == 2
+    gxp.ok("cd", "/")
+    gxp.ok("export", "_A1=x=y")
+    r = gxp.ok("e", 'echo "$(pwd) $_A1"')
+    assert set(r.stdout.splitlines()) == {"/ x=y"}
+    assert gxp.run("cd", "/nonexistent-gxp-dir").returncode == 2
+    r = gxp.ok("e", "pwd")                                  # the refused cd changed nothing
+    assert set(r.stdout.splitlines()) == {"/"}
+    gxp.ok("savemask", "m1")
+    assert gxp.ok("gexec", "m1", "echo", "hi").stdout.split() == ["hi"] * 3
+
+
+def test_no_session_e_stat_and_quit():
+    gxpc = os.path.join(venv_dir(), "bin", "gxpc")
+    if not os.path.exists(gxpc):
+        pytest.skip("gxpc is not installed in %s" % venv_dir())
+    env = {"PATH": "/usr/bin:/bin", "GXP_SESSION": "/tmp/gxpt-none-%d/s" % os.getpid()}
+    r = subprocess.run([gxpc, "stat"], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 3 and "no session running" in r.stderr and r.stderr.count("\n") == 1
+    r = subprocess.run([gxpc, "e", "true"], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 3
+    r = subprocess.run([gxpc, "quit"], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 0 and r.stderr == ""
+    assert not os.path.exists(os.path.dirname(env["GXP_SESSION"]))
