@@ -338,7 +338,13 @@ def cmd_simple(name: str) -> Any:
 
 def cmd_quit(c: Optional[Client], a: argparse.Namespace) -> int:
     if c is None:
-        return EXIT_OK    # nothing runs: nothing to stop
+        # Nothing answers. If a daemon died there (killed, out of memory), its
+        # agents and jobs died with it: remove what it left, and say so.
+        from gxpstyle import session
+        if os.path.exists(session.socket_path(a.session_dir)):
+            session.remove_dead_session(a.session_dir)
+            _err("quit: the session daemon had died; removed what it left in %s" % a.session_dir)
+        return EXIT_OK
     try:
         status, result = c.call("quit")
     except ClientError:
@@ -454,6 +460,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         c = Client(session_dir)
         if not c.connect(start=verb.session == START):
             where = c.session_dir
+            a.session_dir = where
             c.close()
             c = None
             if verb.session != OPTIONAL:

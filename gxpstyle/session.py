@@ -14,7 +14,7 @@ import stat
 # Types only: every gxpc start loads this module (typing would double its CPU).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional, Tuple
+    from typing import List, Optional, Tuple
 
 SOCKET_NAME = "gxpd.sock"
 LOG_NAME = "gxpd.log"
@@ -72,6 +72,37 @@ def ensure_session_dir(path: str) -> str:
 
 def socket_path(session_dir: str) -> str:
     return os.path.join(session_dir, SOCKET_NAME)
+
+
+def remove_dead_session(path: str) -> "List[str]":
+    """What a session daemon that died (SIGKILL, out of memory) left on this
+    host: its socket, its log, its directory, and the per-session directories
+    of its agents here (TLS files, replicas), which died with it. Removes them
+    and returns their paths. Only the caller's own entries are touched."""
+    import glob
+    import shutil
+    removed: "List[str]" = []
+    tag = "gxp-%s-" % session_name(path)[:12]
+    for base in {os.environ.get("TMPDIR") or "/tmp", "/tmp"}:
+        for d in glob.glob(os.path.join(base, glob.escape(tag) + "*")):
+            try:
+                if os.lstat(d).st_uid == os.getuid() and stat.S_ISDIR(os.lstat(d).st_mode):
+                    shutil.rmtree(d, ignore_errors=True)
+                    removed.append(d)
+            except OSError:
+                pass
+    for name in (SOCKET_NAME, LOG_NAME):
+        try:
+            os.unlink(os.path.join(path, name))
+            removed.append(os.path.join(path, name))
+        except OSError:
+            pass
+    try:
+        os.rmdir(path)
+        removed.append(path)
+    except OSError:
+        pass
+    return removed
 
 
 def new_secret() -> bytes:
