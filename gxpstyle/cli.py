@@ -141,7 +141,7 @@ def cmd_explore(c: Client, a: argparse.Namespace) -> int:
 
 
 def cmd_stat(c: Client, a: argparse.Namespace) -> int:
-    status, result = c.call("stat")
+    result = c.stat()
     nodes = result["nodes"]
     up = sum(1 for n in nodes if n["state"] == "up")
     lost = [n for n in nodes if n["state"] == "lost"]

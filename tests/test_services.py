@@ -123,7 +123,7 @@ def test_make_recipes_do_not_change_the_mask(gxp, shared_tmp):  # noqa: F811
 
 def _client_call(gxp, verb):
     script = ("import sys,json\nfrom gxpstyle.client import Client\nc=Client(sys.argv[1])\n"
-              "assert c.connect(start=False)\nprint(json.dumps(c.call(sys.argv[2])[1]))\n")
+              "assert c.connect(start=False)\nprint(json.dumps(getattr(c, sys.argv[2])()))\n")
     py = os.path.join(os.path.dirname(gxp.gxpc), "python")
     argv = [py, "-c", script, gxp.session_dir, verb]
     if gxp.user:
