@@ -671,7 +671,7 @@ class _Stream:
         self.next_off = 0
         self.inflight = 0
         self.contiguous = 0
-        self.ranges = {}  # type: Dict[int, int]   start -> end, beyond `contiguous`
+        self.ranges = {}  # type: Dict[int, int]  # start -> end, beyond `contiguous`
         self.eof = size
         self.error = None  # type: Optional[OSError]
         self.refs = 1
