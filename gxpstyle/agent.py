@@ -207,9 +207,12 @@ class Node:
 
     # -- ops -----------------------------------------------------------------
     def op_ready(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
-        starting = getattr(link, "starting", None) if link is not None else None
+        if link is None:
+            return
+        starting = getattr(link, "starting", None)
         if starting is not None and link.peer == src:
-            info = {k: msg[k] for k in ("hostname", "pid", "python", "user", "ncpu") if k in msg}
+            info: Dict[str, Any] = {k: msg[k] for k in ("hostname", "pid", "python", "user", "ncpu")
+                                    if k in msg}
             if isinstance(msg.get("service"), dict):
                 info["service"] = msg["service"]
             starting.ready(info)
@@ -219,7 +222,7 @@ class Node:
         child = msg["child"]
         spec = dict(msg["channel"])
         spec["tag"] = "%s:%s" % (bootstrap.PROCESS_TAG, self.session)
-        channel = spec.get("name")
+        channel: str = spec["name"]      # wire.CHANNEL requires it
         timeout = float(msg["timeout"])
 
         def reply(ok: bool, reason: str, info: Optional[Dict[str, Any]] = None) -> None:

@@ -14,6 +14,7 @@ import stat
 # Types only: every gxpc start loads this module (typing would double its CPU).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import socket
     from typing import List, Optional, Tuple
 
 SOCKET_NAME = "gxpd.sock"
@@ -145,7 +146,7 @@ def make_certificate(days: int = 30) -> Tuple[str, str, str]:
     return cert_pem, key_pem, pin
 
 
-def peer_uid(sock: "object") -> Optional[int]:
+def peer_uid(sock: "socket.socket") -> Optional[int]:
     """The uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
     import socket
     import struct

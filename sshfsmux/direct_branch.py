@@ -614,7 +614,7 @@ class DirectBranch(Branch):
 
     @staticmethod
     def _replica_name(key: str, meta: "Tuple[int, int, int, int]") -> str:
-        return "%s.%d.%d.%d.%d" % ((key,) + tuple(meta))
+        return "%s.%d.%d.%d.%d" % (key, *meta)
 
     def _load_cache(self) -> None:
         now = time.time()
@@ -761,7 +761,7 @@ class DirectBranch(Branch):
             have = dict(zip(_HAVE_KEYS, cand[0])) if cand is not None else None
             fetches = []    # type: List[_Fetch]
 
-            def make() -> _Pending:
+            def make(fetches: "List[_Fetch]" = fetches) -> _Pending:   # this pass's list
                 fetches.append(_Fetch(self, key))
                 return fetches[-1]
             try:

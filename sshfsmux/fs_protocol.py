@@ -369,7 +369,8 @@ def tune_socket(sock: socket.socket) -> None:
 
 
 def connect(host: str, port: int, key: bytes, pin: "Optional[str]", cipher: bool = True,
-            timeout: float = link_auth.HANDSHAKE_SECONDS) -> "Tuple[socket.socket, Optional[Tuple[bytes, bytes]]]":
+            timeout: float = link_auth.HANDSHAKE_SECONDS
+            ) -> "Tuple[socket.socket, Optional[Tuple[bytes, bytes]]]":
     """An authenticated data channel socket and its frame MAC keys (None with
     TLS). Raises link_auth.AuthError or OSError."""
     sock = socket.create_connection((host, port), timeout=timeout)
@@ -423,7 +424,7 @@ class FrameConn:
                  max_frame: int = wire.MAX_FRAME) -> None:
         self.sock = sock
         self.tls = isinstance(sock, ssl.SSLSocket)
-        self.send_key, self.recv_key = macs if macs else (None, None)
+        self.send_key, self.recv_key = macs if macs else (None, None)  # type: Optional[bytes], Optional[bytes]
         self.send_seq = self.recv_seq = 0
         self.on_frame = on_frame
         self.on_close = on_close
@@ -564,7 +565,8 @@ class FrameConn:
             if paused and not now_paused and (self._inbuf or self._big is not None):
                 self._partial_since = time.monotonic()   # the peer's clock stood still too
             paused = now_paused
-            if not paused and self.tls and self.sock.pending():
+            # self.tls says sock is an ssl.SSLSocket, which mypy cannot follow.
+            if not paused and self.tls and self.sock.pending():  # type: ignore[attr-defined]
                 self._read()
                 self._write()
                 continue

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Set
+from typing import Any, Callable, Dict, List, Optional, Set
 
 from gxpstyle import wire
 from gxpstyle.schema import Bool, Opt, Rec, Str
@@ -113,10 +113,11 @@ class GMountService(Service):
         config = {"export": export, "mountpoint": mountpoint,
                   "ro": bool(args.get("ro")), "cipher": bool(args.get("cipher", True))}
         for nid in nodes:
+            def up(ok: bool, reason: str, info: Dict[str, Any], child: str, nid: str = nid) -> None:
+                self._service_up(m, nid, ok, reason, info, child)
             self.head.spawn_service(
                 nid, "gmount@" + self._name(nid), ROLE, ROLE_MODULE, dict(config, node=self._name(nid)),
-                SERVICE_TIMEOUT,
-                lambda ok, reason, info, child, nid=nid: self._service_up(m, nid, ok, reason, info, child))
+                SERVICE_TIMEOUT, up)
 
     def _service_up(self, m: Mount, nid: str, ok: bool, reason: str, info: Dict[str, Any],
                     child: str) -> None:
@@ -142,8 +143,10 @@ class GMountService(Service):
             return
         m.pending = set(m.services)
         for nid, sid in m.services.items():
+            def mounted(ok: bool, error: str, result: Dict[str, Any], nid: str = nid) -> None:
+                self._mounted(m, nid, ok, error)
             self.head.call_service(sid, "mount", {"peers": [p for p in peers if p["id"] != nid]},
-                                   lambda ok, error, result, nid=nid: self._mounted(m, nid, ok, error))
+                                   mounted)
 
     def _mounted(self, m: Mount, nid: str, ok: bool, error: str) -> None:
         if ok:
@@ -172,7 +175,7 @@ class GMountService(Service):
         pending: Set[str] = set()
         failed: Dict[str, str] = {}
         done_nodes: List[str] = []
-        finished = []
+        finished: List[bool] = []
 
         def finish() -> None:
             if not pending and not finished:
@@ -210,8 +213,9 @@ class GMountService(Service):
                     pending.add(key)
                     self.head.say(cid, req, "gxpc: umount: %s: the mount service had died (%s); "
                                   "detaching its mount" % (name, node.reason if node else "gone"))
-                    self._detach(nid, m.mountpoint,
-                                 lambda error, key=key, name=name: settle(key, name, error))
+                    def detached(error: str, key: str = key, name: str = name) -> None:
+                        settle(key, name, error)
+                    self._detach(nid, m.mountpoint, detached)
                     if node is not None:
                         node.state = "gone"
         finish()
@@ -223,7 +227,7 @@ class GMountService(Service):
         q = shlex.quote(mountpoint)
         cmd = ("awk '$2 == ENVIRON[\"GXP_MP\"] {f=1} END {exit !f}' /proc/self/mounts || exit 0; "
                "fusermount3 -u -z %s 2>/dev/null || fusermount -u -z %s" % (q, q))
-        env = {"GXP_MP": escaped}
+        env: Dict[str, Optional[str]] = {"GXP_MP": escaped}
         job = self.head.job_table.new_id()
         self._detaching[(wire.HEAD, job)] = done
         self.head.job_table.start(self, wire.HEAD, job, [nid], cmd, lambda n, i: env, lambda n: "/")

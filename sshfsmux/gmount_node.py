@@ -20,6 +20,7 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Tuple
+    from sshfsmux.branch import Branch
 
 MOUNT_WAIT = 20.0
 
@@ -143,7 +144,7 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
 
         def work() -> None:
             try:
-                branches = [LocalBranch(export, node=host_name)]
+                branches: "List[Branch]" = [LocalBranch(export, node=host_name)]
                 for p in args.get("peers", []):
                     host = pick_address(list(p.get("addrs") or []), own)
                     branches.append(DirectBranch(host, int(p["port"]), key, pin, node=str(p["node"]),

@@ -115,7 +115,8 @@ class View:
         self.holders = holders
         self.visible, self.attrs = holders[0]
         self.replicas = [holders[0]]      # holders of the visible version
-        self.conflicts = []               # holders of another version (or type)
+        # holders of another version (or type)
+        self.conflicts = []  # type: List[Tuple[Branch, Dict[str, Any]]]
 
     @property
     def is_dir(self) -> bool:
@@ -727,8 +728,9 @@ class MergedFS(Operations):
             ns = (now, now)
         else:
             cur = self._fuse_attrs(v.attrs)
-            ns = tuple(cur[k] if t is None else now if t == "now" else int(t)
-                       for t, k in zip(times, ("st_atime", "st_mtime")))
+            atime, mtime = (cur[k] if t is None else now if t == "now" else int(t)
+                            for t, k in zip(times, ("st_atime", "st_mtime")))
+            ns = (atime, mtime)
         for b, _ in targets:
             fn = getattr(b, "utimens_ns", None)
             if fn is not None:

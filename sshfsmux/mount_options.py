@@ -16,7 +16,7 @@ import re
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List
+    from typing import List, Optional
 
 VERSION = "0.1.0"
 
@@ -81,16 +81,16 @@ class MountError(Exception):
 
 class Options:
     def __init__(self) -> None:
-        self.branches = []  # type: List[str]
+        self.branches: "List[str]" = []
         self.mountpoint = ""
-        self.port = None  # type: Optional[int]
-        self.identity_file = None  # type: Optional[str]
+        self.port: "Optional[int]" = None
+        self.identity_file: "Optional[str]" = None
         self.reconnect = False
         self.server_alive = 0
         self.ro = False
         self.allow_other = False
         self.default_permissions = False
-        self.cache_dir = None  # type: Optional[str]
+        self.cache_dir: "Optional[str]" = None
         self.transport = "ssh"
         self.foreground = False
         self.debug = False

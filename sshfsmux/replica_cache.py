@@ -21,7 +21,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional, Tuple
+    from typing import Dict, List, Optional, Tuple
 
 PART_SUFFIX = ".part"
 
@@ -86,9 +86,9 @@ class ReplicaCache:
         self.dir = tempfile.mkdtemp(prefix="sshfsm-", dir=parent)
         os.chmod(self.dir, 0o700)
         self._lock = threading.Lock()
-        self._entries = {}  # type: Dict[str, Entry]
-        self._generation = {}  # type: Dict[str, int]
-        self._pending = {}  # type: Dict[int, Tuple[str, int]]
+        self._entries: "Dict[str, Entry]" = {}
+        self._generation: "Dict[str, int]" = {}
+        self._pending: "Dict[int, Tuple[str, int]]" = {}
         if limit is None:
             try:
                 st = os.statvfs(self.dir)

@@ -107,10 +107,12 @@ class ConnectionLost(OSError):
 
 class StatusError(OSError):
     """An SFTP status other than OK, with the SFTP code kept."""
+    errno: int          # always set (OSError's may be None)
 
     def __init__(self, code: int, text: str) -> None:
         e = _STATUS_ERRNO.get(code, errno.EIO)
-        super().__init__(e, os.strerror(e) if code != FX_FAILURE else "Failure" + (": " + text if text and text != "Failure" else ""))
+        super().__init__(e, os.strerror(e) if code != FX_FAILURE
+                         else "Failure" + (": " + text if text and text != "Failure" else ""))
         self.code = code
 
 
@@ -480,6 +482,7 @@ class SftpSession(BaseSFTP):
     def request(self, t: int, *args: "Any") -> "Tuple[int, bytes]":
         """Send and wait; returns (type, data after the id). STATUS errors raise."""
         req = self.send(t, args)
+        assert req.event is not None        # a request without a callback has one
         req.event.wait()
         if req.error is not None:
             raise req.error
@@ -503,6 +506,7 @@ class SftpSession(BaseSFTP):
                     except Exception:
                         pass
                 else:
+                    assert req.event is not None
                     req.t, req.data = t, data[4:]
                     req.event.set()
         except BaseException as e:
@@ -521,6 +525,7 @@ class SftpSession(BaseSFTP):
                 except Exception:
                     pass
             else:
+                assert req.event is not None
                 req.error = err
                 req.event.set()
 
@@ -671,7 +676,7 @@ class _Stream:
         self.next_off = 0
         self.inflight = 0
         self.contiguous = 0
-        self.ranges = {}  # type: Dict[int, int]   start -> end, beyond `contiguous`
+        self.ranges = {}  # type: Dict[int, int]  # start -> end, beyond `contiguous`
         self.eof = size
         self.error = None  # type: Optional[OSError]
         self.refs = 1
@@ -930,19 +935,19 @@ class SftpBranch(Branch):
     def connect(self) -> None:
         """Connect, log in, start SFTP and find the branch root (ConnectError /
         OSError on failure)."""
-        self._open_session()
-        sess = self._sess
+        sess = self._open_session()
+        # request() raises StatusError or ConnectionLost, both with an errno.
         try:
             t, data = sess.request(CMD_REALPATH, _enc(self.remote_path or "."))
         except OSError as e:
-            raise OSError(e.errno, os.strerror(e.errno), self.spec)
+            raise OSError(e.errno, os.strerror(e.errno), self.spec)  # type: ignore[arg-type]
         m = Message(data)
         m.get_int()
         self.root = m.get_string()
         try:
             t, data = sess.request(CMD_STAT, self.root)
         except OSError as e:
-            raise OSError(e.errno, os.strerror(e.errno), self.spec)
+            raise OSError(e.errno, os.strerror(e.errno), self.spec)  # type: ignore[arg-type]
         a = SFTPAttributes._from_msg(Message(data))
         if not stat.S_ISDIR(a.st_mode or 0):
             raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), self.spec)
@@ -953,7 +958,7 @@ class SftpBranch(Branch):
         except OSError:
             self.remote_uid, self.remote_gid = a.st_uid, a.st_gid
 
-    def _open_session(self) -> None:
+    def _open_session(self) -> SftpSession:
         t = connect_transport(self.params)
         try:
             sess = SftpSession(t, self.params.connect_timeout)
@@ -964,6 +969,7 @@ class SftpBranch(Branch):
             t.close()
             raise ConnectError("cannot start SFTP: %s" % e)
         self._transport, self._sess = t, sess
+        return sess
 
     def _session(self) -> SftpSession:
         sess = self._sess
@@ -982,12 +988,12 @@ class SftpBranch(Branch):
                 except Exception:
                     pass
             try:
-                self._open_session()
+                sess = self._open_session()
             except (ConnectError, OSError, paramiko.SSHException) as e:
                 raise ConnectionLost("reconnect to %s failed: %s" % (self.host, e))
             self._reconnected += 1
             self._clear_caches()
-            return self._sess
+            return sess
 
     def _call_on(self, sess: SftpSession, t: int, *args: "Any") -> "Tuple[int, bytes]":
         return sess.request(t, *args)

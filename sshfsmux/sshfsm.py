@@ -122,7 +122,7 @@ class Prepared:
     def __init__(self) -> None:
         self.mountpoint = ""
         self.me = ""
-        self.local = {}  # type: dict   spec -> real path
+        self.local = {}  # type: dict  # spec -> real path
         self.chain = []  # type: List[str]
 
 

@@ -873,7 +873,8 @@ def _killer_frame(r, good):
             {"op": "fs_call", "req": 1 << 80, "call": "getattr", "args": {}},
             {"op": "fs_call", "call": "getattr", "args": {}}]))
     if kind == 5:       # not a dict, or nested too deep, or lying counts
-        body = b"\x02fs\x01c" + r.choice([serializer.dumps([1, 2]), b"\x01" + b"l\x00\x00\x00\x01" * 40 + b"N",
+        body = b"\x02fs\x01c" + r.choice([serializer.dumps([1, 2]),
+                                          b"\x01" + b"l\x00\x00\x00\x01" * 40 + b"N",
                                           b"\x01m\x7f\xff\xff\xff", b"\x01s\xff\xff\xff\xff"])
         return len(body).to_bytes(4, "big") + body
     if kind == 6:       # a frame cut short, then the peer closes

@@ -80,8 +80,8 @@ def test_gmount_every_node_sees_every_file_and_umount_is_clean(bed, g):
     r = g.ok("e", "-b", "ls %s | sort | tr '\\n' ' '" % mnt)
     expected = " ".join(sorted(["from-" + n for n in hosts] + ["from-head"]))
     assert r.stdout.count(expected) == 1 and "(%d)" % (len(hosts) + 1) in r.stdout
-    r = g.ok("e", "--hosts", "tg01", "cat %s/from-tg16; getfattr --only-values -n user.sshfsmux.location %s/from-tg16"
-             % (mnt, mnt))
+    r = g.ok("e", "--hosts", "tg01",
+             "cat %s/from-tg16; getfattr --only-values -n user.sshfsmux.location %s/from-tg16" % (mnt, mnt))
     assert r.stdout.splitlines()[0] == "from tg16"
     assert "tg16" in r.stdout.splitlines()[1]
     g.ok("umount")
@@ -263,7 +263,8 @@ def test_data_listener_survives_fuzz_and_session_dirs_are_private(bed, g):
     # quit without umount: every mount goes, and so does every per-session directory.
     g.ok("quit")
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (head_fuse_mounts(mnt) or any(fuse_mounts(bed, ["tg01", "tg02"]).values())):
+    while time.monotonic() < deadline and (head_fuse_mounts(mnt)
+                                           or any(fuse_mounts(bed, ["tg01", "tg02"]).values())):
         time.sleep(0.1)
     assert head_fuse_mounts(mnt) == []
     assert all(v == [] for v in fuse_mounts(bed, ["tg01", "tg02"]).values())
