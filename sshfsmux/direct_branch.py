@@ -49,7 +49,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
-CALL_SECONDS = 120.0        # a call, or a stream standing still, longer than this fails
+CALL_SECONDS = 20.0         # default: a call, or a stream standing still, longer than this fails
+MAX_CALL_SECONDS = 3600.0
+RETRY_SECONDS = 5.0         # after the export stopped answering, calls fail at once this long
 WRITE_FRAME = fs_protocol.MAX_IO
 TMP_PREFIX = ".tmp-"
 TMP_MAX_AGE = 3600.0        # leftovers of a crashed run older than this are removed
@@ -66,6 +68,10 @@ def _rel(path: str) -> str:
     if not isinstance(path, str) or not path.startswith("/"):
         raise _oserror(errno.EINVAL, "branch paths are absolute")
     return path.strip("/")
+
+
+class _Timeout(OSError):
+    """A call without an answer within the bound (errno EIO)."""
 
 
 # --- requests in flight -------------------------------------------------------
@@ -103,7 +109,7 @@ class _Pending:
             if ch is not None:
                 ch.forget(self.req)
                 ch.close("call timed out")
-            raise _oserror(errno.ETIMEDOUT, "no reply from the export")
+            raise _Timeout(errno.EIO, "no reply from the export within %gs" % timeout)
         if self.lost is not None:
             raise _ConnectionLost(self.lost, sent=True)
         if self.errno:
@@ -115,14 +121,17 @@ class _Channel:
     """One authenticated connection and the calls in flight on it."""
 
     def __init__(self, host: str, port: int, key: bytes, pin: "Optional[str]", cipher: bool,
-                 timeout: float) -> None:
+                 timeout: float, call_timeout: float) -> None:
         sock, macs = fs_protocol.connect(host, port, key, pin, cipher, timeout)
+        self.timeout = call_timeout
         self.lock = threading.Lock()
         self.pending = {}           # type: Dict[int, _Pending]
         self.next_req = 1
         self.dead = None            # type: Optional[str]
+        # a peer that stops reading or stops mid-frame is gone after the same bound
         self.conn = fs_protocol.FrameConn(sock, macs, on_frame=self._on_frame,
-                                          on_close=self._on_close)
+                                          on_close=self._on_close, frame_seconds=call_timeout,
+                                          stall_seconds=call_timeout)
         self.conn.start("fs-direct-%s:%d" % (host, port))
 
     def submit(self, call: str, args: "Dict[str, Any]", p: _Pending, block: bool = True) -> int:
@@ -135,7 +144,7 @@ class _Channel:
             self.pending[req] = p
         try:
             self.conn.send_frame(fs_protocol.call_frame(req, call, args), block=block,
-                                 timeout=CALL_SECONDS)
+                                 timeout=self.timeout)
         except _ConnectionLost as e:
             self.forget(req)
             raise _ConnectionLost(str(e), sent=False)
@@ -342,7 +351,7 @@ class _Fetch(_Pending):
             while not self.complete and self.received < end:
                 left = self.progress + timeout - time.monotonic()
                 if left <= 0:
-                    raise _oserror(errno.ETIMEDOUT, "the stream stands still")
+                    raise _oserror(errno.EIO, "the stream stood still for %gs" % timeout)
                 self.cond.wait(min(left, 1.0))
             if self.received < end and self.failed is not None:
                 raise _oserror(errno.EIO, self.failed)
@@ -468,7 +477,7 @@ class _RemoteFile(WriteHandle):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.ch.close("writes not acknowledged")
-                    raise _oserror(errno.ETIMEDOUT, "writes not acknowledged")
+                    raise _oserror(errno.EIO, "writes not acknowledged")
                 self.acks.wait(left)
             if self.error is not None:
                 raise self.error
@@ -549,8 +558,11 @@ class DirectBranch(Branch):
         self.local = False
         self.writable = writable
         self.cipher = cipher
+        if not 0 < timeout <= MAX_CALL_SECONDS:
+            raise ValueError("timeout %r out of range" % timeout)
         self.timeout = timeout
-        self.connect_timeout = connect_timeout
+        self.connect_timeout = min(connect_timeout, timeout)
+        self._retry_at = 0.0        # no new connection before this (monotonic)
         self._chan = None           # type: Optional[_Channel]
         self._chan_lock = threading.Lock()
         self._own_cache = cache_dir is None
@@ -570,12 +582,16 @@ class DirectBranch(Branch):
             ch = self._chan
             if ch is not None and ch.dead is None:
                 return ch
+            if time.monotonic() < self._retry_at:
+                raise _oserror(errno.EIO, "%s is not answering" % self.node)
             try:
                 ch = _Channel(self.host, self.port, self.key, self.pin, self.cipher,
-                              self.connect_timeout)
+                              self.connect_timeout, self.timeout)
             except link_auth.AuthError as e:
+                self._retry_at = time.monotonic() + RETRY_SECONDS
                 raise _oserror(errno.EACCES, "data channel to %s refused: %s" % (self.node, e))
             except OSError as e:
+                self._retry_at = time.monotonic() + RETRY_SECONDS
                 raise _oserror(errno.EIO, "data channel to %s: %s" % (self.node, e))
             self.stats["connects"] += 1
             self._chan = ch
@@ -589,6 +605,10 @@ class DirectBranch(Branch):
             try:
                 ch.submit(call, args, p)
                 return p.wait(self.timeout), ch
+            except _Timeout:
+                # the export stopped answering: later calls fail at once for a while
+                self._retry_at = time.monotonic() + RETRY_SECONDS
+                raise
             except _ConnectionLost as e:
                 if attempt == 0 and (not e.sent or call in fs_protocol.IDEMPOTENT):
                     continue

@@ -98,7 +98,7 @@ def unmount(mountpoint: str) -> str:
 
 
 def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Callable[[], None]]":
-    from sshfsmux.direct_branch import DirectBranch
+    from sshfsmux.direct_branch import CALL_SECONDS, MAX_CALL_SECONDS, DirectBranch
     from sshfsmux.export_server import ExportServer
     from sshfsmux.fs_protocol import data_channel_key
     from sshfsmux.local_branch import LocalBranch
@@ -108,6 +108,12 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
     mountpoint = os.path.abspath(config["mountpoint"])
     ro = bool(config.get("ro"))
     cipher = bool(config.get("cipher", True))
+    # how long a peer may leave a request unanswered before its files give EIO
+    timeout = config.get("timeout", CALL_SECONDS)
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+            or not 1 <= timeout <= MAX_CALL_SECONDS):
+        raise ValueError("timeout %r: give a number of seconds from 1 to %d"
+                         % (timeout, MAX_CALL_SECONDS))
     if not os.path.isdir(export):
         raise ValueError("export %s: no such directory" % export)
     if not os.path.isdir(mountpoint):
@@ -147,7 +153,8 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
                 for p in args.get("peers", []):
                     host = pick_address(list(p.get("addrs") or []), own)
                     branches.append(DirectBranch(host, int(p["port"]), key, pin, node=str(p["node"]),
-                                                 cipher=cipher, cache_dir=cache_dir))
+                                                 cipher=cipher, cache_dir=cache_dir,
+                                                 timeout=float(timeout)))
                 state["fs"] = merged_fs.MergedFS(branches, mountpoint=mountpoint, read_only=ro,
                                                  node=host_name, log=log)
             except Exception as e:

@@ -56,6 +56,8 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
 ATTR_TTL = 5.0
+DEFAULT_TIMEOUT = 30.0        # seconds a request may go unanswered before the host counts as gone
+RETRY_SECONDS = 5.0           # after a host stopped answering, accesses fail at once this long
 STREAM_CHUNK = 255 * 1024     # OpenSSH's largest read (limits@openssh.com says so too)
 STREAM_INFLIGHT = 16          # 4 MiB in flight
 WRITE_CHUNK = 128 * 1024
@@ -238,6 +240,7 @@ def connect_transport(p: SshParams) -> "paramiko.Transport":
     except OSError as e:
         raise ConnectError("connect to %s: %s" % (where, e.strerror or e))
     t = paramiko.Transport(sock, default_window_size=WINDOW, default_max_packet_size=MAX_PACKET)
+    t.banner_timeout = t.auth_timeout = p.connect_timeout
     try:
         opts = t.get_security_options()
         ciphers = list(opts.ciphers)
@@ -343,10 +346,11 @@ def _authenticate(t: "paramiko.Transport", p: SshParams) -> None:
 # --------------------------------------------------------------------------
 
 class _Req:
-    __slots__ = ("event", "t", "data", "error", "callback")
+    __slots__ = ("event", "t", "data", "error", "callback", "sent")
 
     def __init__(self, callback: "Optional[Callable]" = None) -> None:
         self.event = None if callback else threading.Event()
+        self.sent = time.monotonic()
         self.t = 0
         self.data = b""
         self.error = None  # type: Optional[BaseException]
@@ -381,11 +385,21 @@ def check_status(t: int, data: bytes) -> None:
 
 
 class SftpSession(BaseSFTP):
-    """One SFTP channel with a reader thread; thread-safe."""
+    """One SFTP channel with a reader thread; thread-safe.
 
-    def __init__(self, transport: "paramiko.Transport", timeout: float = 20.0) -> None:
+    A watchdog thread bounds every request: when the oldest request in flight
+    has had no answer for `request_timeout` seconds, the host is taken for gone
+    and the session dies (every request in flight fails with EIO, the transport
+    is closed). One answer-less request is enough, since SFTP answers in order
+    of work and a live server answers a stat in milliseconds."""
+
+    def __init__(self, transport: "paramiko.Transport", timeout: float = 20.0,
+                 request_timeout: float = DEFAULT_TIMEOUT) -> None:
         super().__init__()
         self.transport = transport
+        self.request_timeout = request_timeout
+        self.timed_out = False
+        self.dead_at = 0.0
         chan = transport.open_session(window_size=WINDOW, max_packet_size=MAX_PACKET,
                                       timeout=timeout)
         chan.settimeout(timeout)       # for the handshake only
@@ -412,12 +426,14 @@ class SftpSession(BaseSFTP):
             except Exception:
                 break
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)   # pending became non-empty, or dead
         self._send_lock = threading.Lock()
-        self._pending = {}  # type: Dict[int, _Req]
+        self._pending = {}  # type: Dict[int, _Req]   in the order sent
         self._next = 1
         self.dead = None  # type: Optional[str]
         self._thread = threading.Thread(target=self._run, name="sftp-reader", daemon=True)
         self._thread.start()
+        threading.Thread(target=self._watch, name="sftp-watchdog", daemon=True).start()
         self.read_chunk = STREAM_CHUNK
         self.write_chunk = WRITE_CHUNK
         if "limits@openssh.com" in self.extensions:
@@ -463,6 +479,8 @@ class SftpSession(BaseSFTP):
                 raise ConnectionLost(self.dead)
             rid = self._next
             self._next = (self._next + 1) & 0xFFFFFFFF or 1
+            if not self._pending:
+                self._changed.notify()
             self._pending[rid] = req
         msg = Message()
         msg.add_int(rid)
@@ -480,7 +498,9 @@ class SftpSession(BaseSFTP):
     def request(self, t: int, *args: "Any") -> "Tuple[int, bytes]":
         """Send and wait; returns (type, data after the id). STATUS errors raise."""
         req = self.send(t, args)
-        req.event.wait()
+        # the watchdog ends the wait; the bound here only guards against a bug there
+        if not req.event.wait(self.request_timeout * 2 + 5):
+            self._expire()
         if req.error is not None:
             raise req.error
         check_status(req.t, req.data)
@@ -508,11 +528,37 @@ class SftpSession(BaseSFTP):
         except BaseException as e:
             self._die("connection lost (%s)" % (e or type(e).__name__))
 
+    def _watch(self) -> None:
+        with self._lock:
+            while self.dead is None:
+                if not self._pending:
+                    self._changed.wait()
+                    continue
+                oldest = next(iter(self._pending.values()))
+                left = oldest.sent + self.request_timeout - time.monotonic()
+                if left > 0:
+                    self._changed.wait(left)
+                    continue
+                break
+        if self.dead is None:
+            self._expire()
+
+    def _expire(self) -> None:
+        """No answer within the bound: the host is gone (or unreachable)."""
+        self.timed_out = True
+        self._die("no answer within %gs" % self.request_timeout)
+        try:
+            self.transport.close()     # unblocks a send stuck on a full window too
+        except Exception:
+            pass
+
     def _die(self, reason: str) -> None:
         with self._lock:
             if self.dead is None:
                 self.dead = reason
+                self.dead_at = time.monotonic()
             pending, self._pending = self._pending, {}
+            self._changed.notify_all()
         err = ConnectionLost(self.dead or reason)
         for req in pending.values():
             if req.callback is not None:
@@ -898,7 +944,7 @@ class SftpBranch(Branch):
     def __init__(self, spec: str, port: "Optional[int]" = None,
                  identity_file: "Optional[str]" = None, reconnect: bool = False,
                  cache: "Any" = None, server_alive: int = 0,
-                 connect: bool = True) -> None:
+                 connect: bool = True, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.spec = spec
         self.name = spec
         user, host, path = parse_spec(spec)
@@ -907,6 +953,10 @@ class SftpBranch(Branch):
         self.params = SshParams(host, user=user, port=port, identity_file=identity_file)
         if server_alive:
             self.params.server_alive = server_alive
+        self.timeout = timeout
+        # a connection attempt is a request too: bounded the same way
+        self.params.connect_timeout = min(self.params.connect_timeout, timeout)
+        self._retry_at = 0.0      # no reconnect attempt before this (monotonic)
         self.reconnect = reconnect
         self.cache = cache
         self.remote_path = path
@@ -956,7 +1006,7 @@ class SftpBranch(Branch):
     def _open_session(self) -> None:
         t = connect_transport(self.params)
         try:
-            sess = SftpSession(t, self.params.connect_timeout)
+            sess = SftpSession(t, self.params.connect_timeout, self.timeout)
         except ConnectError:
             t.close()
             raise
@@ -975,6 +1025,12 @@ class SftpBranch(Branch):
             if self._sess is not None and self._sess.alive:
                 return self._sess
             old = self._sess
+            if old is not None and old.timed_out:
+                # a host that stopped answering gets a pause before the next try,
+                # so that accesses meanwhile fail at once instead of waiting again
+                self._retry_at = max(self._retry_at, old.dead_at + RETRY_SECONDS)
+            if time.monotonic() < self._retry_at:
+                raise ConnectionLost("%s is not answering" % self.host)
             if old is not None:
                 old.close()
                 try:
@@ -983,7 +1039,9 @@ class SftpBranch(Branch):
                     pass
             try:
                 self._open_session()
-            except (ConnectError, OSError, paramiko.SSHException) as e:
+            except (ConnectError, OSError, paramiko.SSHException, EOFError) as e:
+                self._sess = None
+                self._retry_at = time.monotonic() + RETRY_SECONDS
                 raise ConnectionLost("reconnect to %s failed: %s" % (self.host, e))
             self._reconnected += 1
             self._clear_caches()

@@ -223,7 +223,7 @@ def _connect_remotes(o: Options, specs: "List[str]", cache: "object") -> "List[o
         try:
             results[spec] = SftpBranch(spec, port=o.port, identity_file=o.identity_file,
                                        reconnect=o.reconnect, cache=cache,
-                                       server_alive=o.server_alive)
+                                       server_alive=o.server_alive, timeout=o.timeout)
         except ConnectError as e:
             results[spec] = MountError("%s: %s" % (host_of(spec), e))
         except OSError as e:
