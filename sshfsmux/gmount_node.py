@@ -23,6 +23,14 @@ if TYPE_CHECKING:
 
 MOUNT_WAIT = 20.0
 
+# What the head pushes to a node for this service, dependencies first.
+NODE_MODULES = [
+    "sshfsmux.branch", "sshfsmux.confined_paths", "sshfsmux.fs_protocol",
+    "sshfsmux.local_branch", "sshfsmux.replica_cache", "sshfsmux.direct_branch",
+    "sshfsmux.mount_nesting", "sshfsmux.merged_fs", "sshfsmux.export_server",
+    "sshfsmux.gmount_node", "mfusepy",
+]
+
 
 def local_addresses() -> "List[str]":
     """This host's IPv4 addresses (loopback last), from /proc: no ifconfig needed."""
@@ -102,7 +110,7 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
     from sshfsmux.export_server import ExportServer
     from sshfsmux.fs_protocol import data_channel_key
     from sshfsmux.local_branch import LocalBranch
-    from sshfsmux import merged_fs
+    from sshfsmux import merged_fs, mount_nesting
 
     export = os.path.abspath(config["export"])
     mountpoint = os.path.abspath(config["mountpoint"])
@@ -123,6 +131,10 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
             raise ValueError("mountpoint %s: %s" % (mountpoint, e.strerror))
     if is_mounted(mountpoint):
         raise ValueError("mountpoint %s: already a mount point" % mountpoint)
+    try:
+        places = mount_nesting.check_export(export, mountpoint, socket.gethostname())
+    except mount_nesting.NestingError as e:
+        raise ValueError(str(e))
     # The name peers and the location attribute know this host by (as explored).
     host_name = str(config.get("node") or node.name)
     certfile, keyfile = node.tls_files()
@@ -156,7 +168,7 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
                                                  cipher=cipher, cache_dir=cache_dir,
                                                  timeout=float(timeout)))
                 state["fs"] = merged_fs.MergedFS(branches, mountpoint=mountpoint, read_only=ro,
-                                                 node=host_name, log=log)
+                                                 node=host_name, log=log, branch_places=places)
             except Exception as e:
                 in_loop(reply, False, "%s: %s" % (e.__class__.__name__, e))
                 return

@@ -26,6 +26,9 @@ The rules (docs/merge-semantics.md says the same, with examples):
   other user.* passed to the visible branch.
 - /.sshfsmux-chain: a virtual read-only file (hidden from readdir) listing
   host:mountpoint of this mount and of every mount of ours it is built on.
+- /.sshfsmux-branches: the same for the branches: host:path of every branch
+  of this mount and of the mounts it is built on (so that a new mount can
+  refuse to sit inside any of them, or to contain any of them).
 
 Every error is an OSError with a proper errno; anything else becomes EIO with
 one log line, never a traceback to the caller.
@@ -71,6 +74,8 @@ if TYPE_CHECKING:
 
 CHAIN_NAME = ".sshfsmux-chain"
 CHAIN_PATH = "/" + CHAIN_NAME
+BRANCHES_NAME = ".sshfsmux-branches"
+BRANCHES_PATH = "/" + BRANCHES_NAME
 XA_LOCATION = "user.sshfsmux.location"
 XA_CONFLICT = "user.sshfsmux.conflict"
 XA_DP = "user.sshfsmux.dp"
@@ -230,7 +235,8 @@ class MergedFS(Operations):
                  log: "Optional[Callable[[str], None]]" = None, debug: bool = False,
                  node: "Optional[str]" = None,
                  on_ready: "Optional[Callable[[], None]]" = None,
-                 mountpoint: "Optional[str]" = None, read_only: "Optional[bool]" = None) -> None:
+                 mountpoint: "Optional[str]" = None, read_only: "Optional[bool]" = None,
+                 branch_places: "Optional[List[str]]" = None) -> None:
         """`mount_id` ("host:mountpoint", the first line of /.sshfsmux-chain)
         defaults to this host and `mountpoint`; `read_only` is `readonly`."""
         if not branches:
@@ -249,6 +255,16 @@ class MergedFS(Operations):
             if line and line not in lines:
                 lines.append(line)
         self.chain = ("\n".join(lines) + "\n").encode() if lines else b""
+        places = []  # type: List[str]
+        for line in branch_places or []:
+            if line and line not in places:
+                places.append(line)
+        # the read-only virtual files at the root, hidden from readdir
+        self._virtual = {}  # type: Dict[str, bytes]
+        if self.chain:
+            self._virtual[CHAIN_PATH] = self.chain
+        if places:
+            self._virtual[BRANCHES_PATH] = ("\n".join(places) + "\n").encode("utf-8", "surrogateescape")
         self.on_ready = on_ready
         self.uid, self.gid = os.getuid(), os.getgid()
         self.started_ns = time.time_ns()
@@ -351,14 +367,15 @@ class MergedFS(Operations):
         d["st_blocks"] = (int(a.get("st_size", 0)) + 511) // 512
         return d
 
-    def _chain_attrs(self) -> "Dict[str, Any]":
+    def _chain_attrs(self, path: str = CHAIN_PATH) -> "Dict[str, Any]":
         t = self.started_ns
-        return {"st_mode": stat.S_IFREG | 0o444, "st_size": len(self.chain), "st_nlink": 1,
+        return {"st_mode": stat.S_IFREG | 0o444, "st_size": len(self._virtual.get(path, b"")),
+                "st_nlink": 1,
                 "st_uid": self.uid, "st_gid": self.gid, "st_atime": t, "st_mtime": t,
                 "st_ctime": t, "st_blocks": 1}
 
     def _is_chain(self, path: "Optional[str]") -> bool:
-        return path == CHAIN_PATH and bool(self.chain)
+        return path in self._virtual
 
     def _writable(self) -> None:
         if self.readonly:
@@ -388,13 +405,14 @@ class MergedFS(Operations):
         names.discard("..")
         if path == "/":
             names.discard(CHAIN_NAME)
+            names.discard(BRANCHES_NAME)
         return sorted(names)
 
     # -- attributes ----------------------------------------------------
     @_safe
     def getattr(self, path: "Optional[str]", fh: "Optional[int]" = None) -> "Dict[str, Any]":
         if self._is_chain(path):
-            return self._chain_attrs()
+            return self._chain_attrs(path)  # type: ignore[arg-type]
         if path is None:
             h = self._handles.get(fh) if fh is not None else None
             if h is not None and hasattr(h, "fstat"):
@@ -774,7 +792,7 @@ class MergedFS(Operations):
         if self._is_chain(path):
             if acc != os.O_RDONLY or flags & os.O_TRUNC:
                 raise _e(errno.EACCES)
-            return self._new_fh(_VirtualHandle(self.chain))
+            return self._new_fh(_VirtualHandle(self._virtual[path]))
         if acc == os.O_RDONLY and not flags & os.O_TRUNC:
             v = self._file_view(path)
             if v.is_dir:
