@@ -18,11 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Set
 
-MODULES = [
-    "sshfsmux.branch", "sshfsmux.confined_paths", "sshfsmux.fs_protocol",
-    "sshfsmux.local_branch", "sshfsmux.direct_branch", "sshfsmux.replica_cache",
-    "sshfsmux.merged_fs", "sshfsmux.export_server", "sshfsmux.gmount_node", "mfusepy",
-]
+from sshfsmux.gmount_node import NODE_MODULES as MODULES   # the mount code's own list
 SERVICE_TIMEOUT = 30.0
 
 
