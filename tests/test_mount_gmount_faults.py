@@ -84,6 +84,7 @@ def test_a_gone_node_gives_eio_within_the_bound_and_umount_works(bed, g):
         bed.host("tk03").kill(unplug=True)
         # seen from the head's own mount: stat, then cat, of the dead node's files
         r, took = timed(bed, user, ["stat", mnt + "/d-tk03/nothing-here"], CALL_SECONDS + SLACK)
+        print("first access took %.1fs" % took)
         assert_eio(r)
         r, took = timed(bed, user, ["cat", mnt + "/f-tk03"], CALL_SECONDS + SLACK)
         assert_eio(r)
