@@ -142,23 +142,20 @@ SCHEMA: Dict[str, Dict[str, Any]] = {
     "reply": {"req": _I, "status": _I, "result": _D},
     "print": {"req": _I, "stream": _I, "data": _BY},
     "error": {"text": _S},
-    # sshfsmux direct data channel (sshfsmux/fs_protocol.py): calls, one reply
-    # each, streamed data for whole-file reads and long listings
-    "fs_call": {"req": _I, "call": _S, "args": _D},
-    "fs_reply": {"req": _I, "errno": _I,
-                 "result": (type(None), bool, int, float, str, bytes, list, dict)},
-    "fs_data": {"req": _I, "data": _BY, "eof": _B},
 }
 
 
-def validate(msg: Any) -> Dict[str, Any]:
-    """Return msg if it is a known op with well-typed fields, else raise FrameError."""
+def validate(msg: Any, schema: "Optional[Dict[str, Dict[str, Any]]]" = None) -> Dict[str, Any]:
+    """Return msg if it is a known op with well-typed fields, else raise FrameError.
+    `schema` (default SCHEMA) lets a service on top check its own ops the same way."""
+    if schema is None:
+        schema = SCHEMA
     if not isinstance(msg, dict):
         raise FrameError("message is not a dict")
     op = msg.get("op")
-    if not isinstance(op, str) or op not in SCHEMA:
+    if not isinstance(op, str) or op not in schema:
         raise FrameError("unknown op %r" % (op,))
-    for field, typ in SCHEMA[op].items():
+    for field, typ in schema[op].items():
         if field not in msg:
             raise FrameError("%s: missing field %s" % (op, field))
         value = msg[field]
@@ -169,9 +166,9 @@ def validate(msg: Any) -> Dict[str, Any]:
     return msg
 
 
-def decode_message(body: bytes) -> Dict[str, Any]:
+def decode_message(body: bytes, schema: "Optional[Dict[str, Dict[str, Any]]]" = None) -> Dict[str, Any]:
     try:
-        return validate(serializer.loads(body))
+        return validate(serializer.loads(body), schema)
     except serializer.DecodeError as e:
         raise FrameError(str(e))
 

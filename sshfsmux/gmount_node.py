@@ -24,7 +24,7 @@ MOUNT_WAIT = 20.0
 
 # What the head pushes to a node for this service, dependencies first.
 NODE_MODULES = [
-    "sshfsmux.branch", "sshfsmux.confined_paths", "sshfsmux.fs_protocol",
+    "sshfsmux.branch", "sshfsmux.confined_paths", "sshfsmux.fs_transport", "sshfsmux.fs_protocol",
     "sshfsmux.local_branch", "sshfsmux.replica_cache", "sshfsmux.direct_channel",
     "sshfsmux.direct_files", "sshfsmux.direct_branch",
     "sshfsmux.mount_nesting", "sshfsmux.fuse_glue", "sshfsmux.merged_handles",
