@@ -116,11 +116,12 @@ def check_status(t: int, data: bytes) -> None:
 class SftpSession(BaseSFTP):
     """One SFTP channel with a reader thread; thread-safe.
 
-    A watchdog thread bounds every request: when the oldest request in flight
-    has had no answer for `request_timeout` seconds, the host is taken for gone
-    and the session dies (every request in flight fails with EIO, the transport
-    is closed). One answer-less request is enough, since SFTP answers in order
-    of work and a live server answers a stat in milliseconds."""
+    A watchdog thread bounds every request: when requests are in flight and
+    nothing at all has arrived for `request_timeout` seconds since the oldest
+    of them was sent, the host is taken for gone and the session dies (every
+    request in flight fails with EIO, the transport is closed). Counting from
+    the last packet received, not from each request, keeps a slow but live
+    link (many pipelined writes draining at a few hundred kB/s) alive."""
 
     def __init__(self, transport: "paramiko.Transport", timeout: float = 20.0,
                  request_timeout: float = DEFAULT_TIMEOUT) -> None:
@@ -129,6 +130,7 @@ class SftpSession(BaseSFTP):
         self.request_timeout = request_timeout
         self.timed_out = False
         self.dead_at = 0.0
+        self._last_rx = time.monotonic()
         chan = transport.open_session(window_size=WINDOW, max_packet_size=MAX_PACKET,
                                       timeout=timeout)
         chan.settimeout(timeout)       # for the handshake only
@@ -227,9 +229,10 @@ class SftpSession(BaseSFTP):
     def request(self, t: int, *args: "Any") -> "Tuple[int, bytes]":
         """Send and wait; returns (type, data after the id). STATUS errors raise."""
         req = self.send(t, args)
-        # the watchdog ends the wait; the bound here only guards against a bug there
-        if not req.event.wait(self.request_timeout * 2 + 5):
-            self._expire()
+        # the watchdog ends the wait; the check here only guards against a bug there
+        while not req.event.wait(self.request_timeout):
+            if time.monotonic() - max(req.sent, self._last_rx) > self.request_timeout * 2 + 5:
+                self._expire()
         if req.error is not None:
             raise req.error
         check_status(req.t, req.data)
@@ -239,6 +242,7 @@ class SftpSession(BaseSFTP):
         try:
             while True:
                 t, data = self._read_packet()
+                self._last_rx = time.monotonic()
                 if len(data) < 4:
                     continue
                 rid = struct.unpack_from(">I", data)[0]
@@ -264,7 +268,8 @@ class SftpSession(BaseSFTP):
                     self._changed.wait()
                     continue
                 oldest = next(iter(self._pending.values()))
-                left = oldest.sent + self.request_timeout - time.monotonic()
+                heard = max(oldest.sent, self._last_rx)
+                left = heard + self.request_timeout - time.monotonic()
                 if left > 0:
                     self._changed.wait(left)
                     continue
