@@ -112,14 +112,22 @@ class DirectBranch(Branch):
                 ch.submit(call, args, p)
                 return p.wait(self.timeout), ch
             except _Timeout:
-                # the export stopped answering: later calls fail at once for a while
-                self._retry_at = time.monotonic() + RETRY_SECONDS
+                self.not_answering("no reply")
                 raise
             except _ConnectionLost as e:
                 if attempt == 0 and (not e.sent or call in fs_protocol.IDEMPOTENT):
                     continue
                 raise _oserror(errno.EIO, "data channel to %s lost: %s" % (self.node, e))
         raise _oserror(errno.EIO)       # not reached
+
+    def not_answering(self, why: str) -> None:
+        """The export stopped answering: drop the connection, and fail every call
+        at once for RETRY_SECONDS instead of waiting for it again."""
+        self._retry_at = time.monotonic() + RETRY_SECONDS
+        with self._chan_lock:
+            ch = self._chan
+        if ch is not None:
+            ch.close(why)
 
     def _do(self, call: str, **args: Any) -> Any:
         return self._call(call, args)[0]

@@ -16,7 +16,7 @@ from sshfsmux import fs_protocol
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Optional
+    from typing import Any, Dict, List, Optional
 
 _ConnectionLost = fs_protocol.ConnectionLost
 

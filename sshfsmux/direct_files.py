@@ -29,7 +29,7 @@ from sshfsmux.direct_channel import _Channel, _ConnectionLost, _oserror, _Pendin
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Optional
+    from typing import Any, Dict, Optional, Tuple
 
     from sshfsmux.direct_branch import DirectBranch
     from sshfsmux.replica_cache import Download
@@ -175,6 +175,7 @@ class _Fetch(_Pending):
             while not self.complete and self.received < end:
                 left = self.progress + timeout - time.monotonic()
                 if left <= 0:
+                    self.branch.not_answering("the stream stood still for %gs" % timeout)
                     raise _oserror(errno.EIO, "the stream stood still for %gs" % timeout)
                 self.cond.wait(min(left, 1.0))
             if self.received < end and self.failed is not None:
@@ -301,6 +302,7 @@ class _RemoteFile(WriteHandle):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.ch.close("writes not acknowledged")
+                    self.branch.not_answering("writes not acknowledged")
                     raise _oserror(errno.EIO, "writes not acknowledged")
                 self.acks.wait(left)
             if self.error is not None:

@@ -265,7 +265,7 @@ def decode(body: Any, ops: "Tuple[str, ...]") -> "Dict[str, Any]":
     mv = memoryview(body)
     head = bytes(mv[:_HEAD_MAX])        # the addresses only: the data is not copied
     _dst, _src, rest = wire.split_frame(head)
-    msg = wire.decode_message(mv[len(head) - len(rest):], SCHEMA)
+    msg = wire.decode_message(mv[len(head) - len(rest):], SCHEMA)  # type: ignore[arg-type]
     if msg["op"] not in ops:
         raise wire.FrameError("unexpected op %s" % msg["op"])
     if not 0 <= msg["req"] <= U63:

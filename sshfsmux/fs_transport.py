@@ -166,7 +166,7 @@ class FrameConn:
     stall_seconds, else the peer is dropped. on_close(reason) runs once, last."""
 
     def __init__(self, sock: socket.socket, macs: "Optional[Tuple[bytes, bytes]]" = None,
-                 on_frame: "Optional[Callable[[bytes], None]]" = None,
+                 on_frame: "Optional[Callable[[Any], None]]" = None,
                  on_close: "Optional[Callable[[str], None]]" = None,
                  producer: "Optional[Callable[[], bool]]" = None,
                  pause_when_full: bool = False, out_high: int = 4 << 20, out_low: int = 1 << 20,
@@ -174,7 +174,8 @@ class FrameConn:
                  max_frame: int = wire.MAX_FRAME) -> None:
         self.sock = sock
         self.tls = isinstance(sock, ssl.SSLSocket)
-        self.send_key, self.recv_key = macs if macs else (None, None)
+        self.send_key = macs[0] if macs else None  # type: Optional[bytes]
+        self.recv_key = macs[1] if macs else None  # type: Optional[bytes]
         self.send_seq = self.recv_seq = 0
         self.on_frame = on_frame
         self.on_close = on_close
@@ -315,7 +316,7 @@ class FrameConn:
             if paused and not now_paused and (self._inbuf or self._big is not None):
                 self._partial_since = time.monotonic()   # the peer's clock stood still too
             paused = now_paused
-            if not paused and self.tls and self.sock.pending():
+            if not paused and self.tls and self.sock.pending():  # type: ignore[attr-defined]
                 self._read()
                 self._write()
                 continue

@@ -20,6 +20,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Tuple
 
+    from sshfsmux.branch import Branch
+
 MOUNT_WAIT = 20.0
 
 # What the head pushes to a node for this service, dependencies first.
@@ -170,7 +172,7 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
             try:
                 # one replica store for every peer, kept for the session
                 cache = ReplicaCache.persistent(cache_dir)
-                branches = [LocalBranch(export, node=host_name)]
+                branches = [LocalBranch(export, node=host_name)]  # type: List[Branch]
                 for p in args.get("peers", []):
                     host = pick_address(list(p.get("addrs") or []), own)
                     branches.append(DirectBranch(host, int(p["port"]), key, pin, node=str(p["node"]),

@@ -54,7 +54,7 @@ from .merged_xattrs import XA_CONFLICT, XA_LOCATION, Xattrs  # noqa: F401
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
 CHAIN_NAME = ".sshfsmux-chain"
 CHAIN_PATH = "/" + CHAIN_NAME

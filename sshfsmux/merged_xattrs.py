@@ -15,7 +15,7 @@ from .merged_handles import View
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional
+    from typing import Dict, List, Optional
 
 XA_LOCATION = "user.sshfsmux.location"
 XA_CONFLICT = "user.sshfsmux.conflict"
@@ -30,6 +30,16 @@ _REPL_RE = re.compile(r"^[1-9][0-9]{0,8}$")
 
 
 class Xattrs:
+    if TYPE_CHECKING:       # what MergedFS supplies (for type checkers only)
+        import threading
+        _lock: threading.Lock
+        _hints: Dict[str, Dict[str, bytes]]
+        node: str
+
+        def _view(self, path: str, every: bool = False) -> View: ...
+        def _is_chain(self, path: Optional[str]) -> bool: ...
+        def _writable(self) -> None: ...
+
     # -- extended attributes -------------------------------------------
     def _location(self, path: str, v: View) -> bytes:
         nodes = []  # type: List[str]

@@ -16,7 +16,7 @@ import re
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List
+    from typing import List, Optional
 
 VERSION = "0.1.0"
 DEFAULT_TIMEOUT = 30

@@ -23,7 +23,7 @@ from .ssh_connect import MAX_PACKET, WINDOW, ConnectError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Optional, Tuple
+    from typing import Any, Callable, Dict, Optional, Tuple
 
 DEFAULT_TIMEOUT = 30.0        # seconds a request may go unanswered before the host counts as gone
 RETRY_SECONDS = 5.0           # after a host stopped answering, accesses fail at once this long
@@ -159,7 +159,7 @@ class SftpSession(BaseSFTP):
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)   # pending became non-empty, or dead
         self._send_lock = threading.Lock()
-        self._pending = {}  # type: Dict[int, _Req]   in the order sent
+        self._pending = {}  # type: Dict[int, _Req]  # in the order sent
         self._next = 1
         self.dead = None  # type: Optional[str]
         self._thread = threading.Thread(target=self._run, name="sftp-reader", daemon=True)
@@ -229,6 +229,7 @@ class SftpSession(BaseSFTP):
     def request(self, t: int, *args: "Any") -> "Tuple[int, bytes]":
         """Send and wait; returns (type, data after the id). STATUS errors raise."""
         req = self.send(t, args)
+        assert req.event is not None     # no callback: a waiting request
         # the watchdog ends the wait; the check here only guards against a bug there
         while not req.event.wait(self.request_timeout):
             if time.monotonic() - max(req.sent, self._last_rx) > self.request_timeout * 2 + 5:

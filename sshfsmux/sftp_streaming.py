@@ -31,7 +31,7 @@ from .sftp_session import (FX_EOF, FX_FAILURE, SSH_FXF_READ, STREAM_CHUNK, STREA
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from .sftp_branch import SftpBranch
@@ -163,7 +163,7 @@ class _Stream:
         self.next_off = 0
         self.inflight = 0
         self.contiguous = 0
-        self.ranges = {}  # type: Dict[int, int]   start -> end, beyond `contiguous`
+        self.ranges = {}  # type: Dict[int, int]  # start -> end, beyond `contiguous`
         self.eof = size
         self.error = None  # type: Optional[OSError]
         self.refs = 1

@@ -18,7 +18,7 @@ import paramiko
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional, Tuple
+    from typing import Any, Dict, List, Optional, Tuple
 
 WINDOW = 32 * 1024 * 1024
 MAX_PACKET = 256 * 1024

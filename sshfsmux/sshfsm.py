@@ -77,9 +77,9 @@ class Prepared:
     def __init__(self) -> None:
         self.mountpoint = ""
         self.me = ""
-        self.local = {}  # type: dict   spec -> real path
+        self.local = {}  # type: dict  # spec -> real path
         self.chain = []  # type: List[str]
-        self.places = []  # type: List[str]   host:path of every branch, at any depth
+        self.places = []  # type: List[str]  # host:path of every branch, at any depth
 
 
 def prepare(o: Options) -> Prepared:
