@@ -7,14 +7,17 @@ the session certificate pinned, a proof inside TLS (label "fs"). With
 cipher=False (the mount's `-o cipher=none`, for trusted networks) the label is
 "fs-none": the same mutual HMAC proof, no TLS, and every frame afterwards carries
 a 16-byte HMAC-SHA256 tag under a per-connection, per-direction key derived from
-the session key and both nonces, over a sequence number and the frame. So data
-crosses the wire in clear but nobody without the key can inject, replay, reorder
-or splice frames; authentication is never off. The label is covered by the
-proofs and each server accepts only its own, so nobody can downgrade a TLS server.
+the session key and both nonces, over a sequence number, the destination and the
+message. So data crosses the wire in clear but nobody without the key can
+inject, replay, reorder or splice frames; authentication is never off. The label
+is covered by the proofs and each server accepts only its own, so nobody can
+downgrade a TLS server.
 
-Frames are gxpstyle.wire frames; FrameConn checks each length against
-max_frame before buffering and hands whole frames on (fs_protocol decodes and
-checks the message).
+Frames are gxpstyle.wire frames, parsed by wire.FrameReader (each length checked
+against max_frame before buffering); fs_protocol decodes and checks the message.
+The two ends of a data channel need no addresses, so with cipher=none the
+source address of every frame carries its tag (32 hex digits): the frames stay
+plain wire frames.
 
 Standard library only, Python 3.8 syntax.
 """
@@ -40,8 +43,45 @@ if TYPE_CHECKING:
 LABEL = "fs"
 LABEL_PLAIN = "fs-none"
 TAG_BYTES = 16
+TAG_CHARS = 2 * TAG_BYTES      # the tag as a wire address: hex digits
 _SEQ = struct.Struct("!Q")
 _LEN = struct.Struct("!I")
+
+
+def frame_tag(key: bytes, seq: int, dst_part: "Any", message: "Any") -> bytes:
+    """The tag of frame number `seq` (cipher=none): HMAC over the sequence number,
+    the destination (its length byte and address) and the message."""
+    h = hmac.new(key, _SEQ.pack(seq), hashlib.sha256)
+    h.update(dst_part)
+    h.update(message)
+    return h.digest()[:TAG_BYTES].hex().encode("ascii")
+
+
+def tag_frame(key: bytes, seq: int, frame: bytes) -> "Tuple[bytes, Any]":
+    """A complete wire frame with its source address replaced by its tag, as
+    (header, message) pieces to send one after the other."""
+    dl = frame[4]
+    sl = frame[5 + dl]
+    dst_part = frame[4:5 + dl]
+    message = memoryview(frame)[6 + dl + sl:]
+    tag = frame_tag(key, seq, dst_part, message)
+    head = _LEN.pack(2 + dl + TAG_CHARS + len(message)) + dst_part + bytes((TAG_CHARS,)) + tag
+    return head, message
+
+
+def check_tag(key: bytes, seq: int, frame: bytes) -> None:
+    """Check the tag in the source address of a frame (no length prefix);
+    wire.FrameError if it is not the one frame number `seq` must carry."""
+    dl = frame[0]
+    if dl > wire.MAX_ADDR or 2 + dl > len(frame) or frame[1 + dl] != TAG_CHARS:
+        raise wire.FrameError("bad frame MAC")
+    start = 2 + dl + TAG_CHARS
+    if start > len(frame):
+        raise wire.FrameError("bad frame MAC")
+    mv = memoryview(frame)
+    want = frame_tag(key, seq, mv[:1 + dl], mv[start:])
+    if not hmac.compare_digest(bytes(mv[2 + dl:start]), want):
+        raise wire.FrameError("bad frame MAC")
 
 
 # --- handshake ----------------------------------------------------------------
@@ -148,7 +188,6 @@ class ConnectionLost(Exception):
 
 RECV_BUDGET = 1 << 20       # bytes read per loop turn before writing gets a chance
 SEND_MAX = 256 << 10        # bytes handed to one send() or asked of one recv()
-BIG_FRAME = 64 << 10        # frames at least this long are received into their own buffer
 
 
 class FrameConn:
@@ -194,10 +233,8 @@ class FrameConn:
         self._head_off = 0
         self._retry_len = 0                 # an SSL write must be retried with the same length
         self._last_progress = time.monotonic()
-        self._inbuf = bytearray()
-        self._big = None                    # type: Optional[bytearray]
-        self._big_got = 0
-        self._stage = bytearray(SEND_MAX)   # where reads at a frame boundary land
+        self._reader = wire.FrameReader(max_frame)
+        self._stage = bytearray(SEND_MAX)   # where reads land
         self._partial_since = None          # type: Optional[float]
         self._read_wants_write = False
         self._write_wants_read = False
@@ -227,15 +264,15 @@ class FrameConn:
             if self.closing:
                 raise ConnectionLost(self.reason or "connection closed")
             was_empty = self._out_bytes == 0
-            self._out.append(frame)
-            self._out_bytes += len(frame)
             if self.send_key is not None:
-                h = hmac.new(self.send_key, _SEQ.pack(self.send_seq), hashlib.sha256)
-                h.update(frame)
-                tag = h.digest()[:TAG_BYTES]
+                head, message = tag_frame(self.send_key, self.send_seq, frame)
                 self.send_seq += 1
-                self._out.append(tag)
-                self._out_bytes += len(tag)
+                self._out.append(head)
+                self._out.append(message)
+                self._out_bytes += len(head) + len(message)
+            else:
+                self._out.append(frame)
+                self._out_bytes += len(frame)
             if was_empty:
                 self._last_progress = time.monotonic()
         if was_empty and not in_io:
@@ -296,8 +333,7 @@ class FrameConn:
                 s.close()
             except OSError:
                 pass
-        self._inbuf = bytearray()
-        self._big = None
+        self._reader = wire.FrameReader(self.max_frame)      # let go of a partial frame
         if self.on_close is not None:
             self.on_close(self.reason)
 
@@ -313,7 +349,7 @@ class FrameConn:
                 while self._out_bytes < self.out_low and not self.closing and self.producer():
                     pass
             now_paused = self.pause_when_full and self._out_bytes >= self.out_high
-            if paused and not now_paused and (self._inbuf or self._big is not None):
+            if paused and not now_paused and self._reader.pending:
                 self._partial_since = time.monotonic()   # the peer's clock stood still too
             paused = now_paused
             if not paused and self.tls and self.sock.pending():  # type: ignore[attr-defined]
@@ -354,7 +390,7 @@ class FrameConn:
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
-        if (self._partial_since is not None and (self._inbuf or self._big is not None)
+        if (self._partial_since is not None and self._reader.pending
                 and now - self._partial_since > self.frame_seconds):
             raise ConnectionLost("slow peer: frame incomplete after %.0f s" % self.frame_seconds)
         if self._out_bytes and now - self._last_progress > self.stall_seconds:
@@ -364,90 +400,41 @@ class FrameConn:
         self._read_wants_write = False
         got = 0
         while got < RECV_BUDGET and not self.closing:
-            big = self._big
             try:
-                if big is not None:
-                    # The rest of a large frame goes straight into its own buffer.
-                    with memoryview(big) as mv:
-                        n = self.sock.recv_into(mv[self._big_got:])
-                elif self._inbuf:
-                    data = self.sock.recv(SEND_MAX)
-                    n = len(data)
-                else:
-                    n = self.sock.recv_into(self._stage)
+                n = self.sock.recv_into(self._stage)
             except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
                 break
             except ssl.SSLWantWriteError:
                 self._read_wants_write = True
                 break
             if not n:
-                if self._inbuf or self._big is not None:
+                if self._reader.pending:
                     raise ConnectionLost("truncated frame: peer closed mid-frame")
                 raise ConnectionLost("peer closed")
             got += n
-            if big is not None:
-                self._big_got += n
-                if self._big_got == len(big):
-                    self._big = None
-                    self._partial_since = None
-                    self._deliver(big)
-            elif self._inbuf:
-                self._inbuf += data
-                self._parse(self._inbuf, len(self._inbuf), True)
-            else:
+            with memoryview(self._stage) as mv:
+                frames = self._reader.feed(mv[:n])     # lengths checked before buffering
+            for frame in frames:
+                if self.closing:
+                    return
+                self._deliver(frame)
+            # a frame must arrive within frame_seconds of its first byte
+            if frames:
+                self._partial_since = time.monotonic() if self._reader.pending else None
+            elif self._partial_since is None:
                 self._partial_since = time.monotonic()
-                self._parse(self._stage, n, False)
             if self.pause_when_full and self._out_bytes >= self.out_high:
                 break
 
-    def _parse(self, buf: bytearray, end: int, owned: bool) -> None:
-        """Deliver the whole frames in buf[:end]; keep the rest: a large partial
-        frame in a buffer of its own size, a small one in _inbuf. `owned`: buf is
-        _inbuf (else the staging buffer, which the next recv overwrites)."""
-        tag = TAG_BYTES if self.recv_key is not None else 0
-        pos = 0
-        with memoryview(buf) as mv:
-            while end - pos >= 4 and not self.closing:
-                (n,) = _LEN.unpack_from(buf, pos)
-                if n < 2 or n > self.max_frame:
-                    raise wire.FrameError("frame length %d out of bounds" % n)
-                need = 4 + n + tag
-                if end - pos < need:
-                    break
-                self._deliver(mv[pos:pos + need])
-                pos += need
-                self._partial_since = time.monotonic()
-            if self.closing:
-                return
-            rest = end - pos
-            if rest >= 4 and 4 + _LEN.unpack_from(buf, pos)[0] + tag >= BIG_FRAME:
-                big = bytearray(4 + _LEN.unpack_from(buf, pos)[0] + tag)
-                big[:rest] = mv[pos:end]
-                self._big, self._big_got = big, rest
-                rest = 0
-            leftover = bytes(mv[end - rest:end]) if rest else b""
-        if owned:
-            buf[:] = leftover
-        else:
-            self._inbuf = bytearray(leftover)
-        if not rest and self._big is None:
-            self._partial_since = None
-
-    def _deliver(self, frame: Any) -> None:
-        """Check a whole frame (length prefix, body, tag) and hand its body on
-        (a memoryview, valid only during the call)."""
-        with memoryview(frame) as mv:
-            end = len(mv)
-            if self.recv_key is not None:
-                end -= TAG_BYTES
-                h = hmac.new(self.recv_key, _SEQ.pack(self.recv_seq), hashlib.sha256)
-                h.update(mv[:end])
-                if not hmac.compare_digest(h.digest()[:TAG_BYTES], mv[end:]):
-                    raise wire.FrameError("bad frame MAC")
-                self.recv_seq += 1
-            self.frames_in += 1
-            if self.on_frame is not None:
-                self.on_frame(mv[4:end])
+    def _deliver(self, frame: bytes) -> None:
+        """Check a whole frame (no length prefix; with cipher=none its tag) and
+        hand it on."""
+        if self.recv_key is not None:
+            check_tag(self.recv_key, self.recv_seq, frame)
+            self.recv_seq += 1
+        self.frames_in += 1
+        if self.on_frame is not None:
+            self.on_frame(frame)
 
     def _write(self) -> None:
         self._write_wants_read = False
