@@ -29,11 +29,7 @@ from gxpstyle import wire
 from gxpstyle.schema import Bool, Opt, Rec, Str
 from gxpstyle.services import Service, Verb
 
-MODULES = [
-    "sshfsmux.branch", "sshfsmux.confined_paths", "sshfsmux.fs_protocol",
-    "sshfsmux.local_branch", "sshfsmux.direct_branch", "sshfsmux.replica_cache",
-    "sshfsmux.merged_fs", "sshfsmux.export_server", "sshfsmux.gmount_node", "mfusepy",
-]
+from sshfsmux.gmount_node import NODE_MODULES as MODULES   # the mount code's own list
 SERVICE_TIMEOUT = 30.0
 ROLE = "gmount"
 ROLE_MODULE = "sshfsmux.gmount_node"
