@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 from gxpstyle import wire
 from gxpstyle.schema import Bool, Opt, Rec, Str
 from gxpstyle.services import Service, Verb
+from sshfsmux import mount_nesting
 
 from sshfsmux.gmount_node import NODE_MODULES as MODULES   # the mount code's own list
 SERVICE_TIMEOUT = 30.0
@@ -40,9 +41,8 @@ UMOUNT_ARGS = Rec(None, {"mountpoint": Opt(Str(4096, empty=False))})
 
 
 def nested(a: str, b: str) -> bool:
-    """Is one of two absolute paths the other or inside it?"""
-    a, b = os.path.normpath(a), os.path.normpath(b)
-    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+    """Is one of two absolute, normalized paths the other or inside it?"""
+    return mount_nesting.inside(a, b) or mount_nesting.inside(b, a)
 
 
 @dataclass
@@ -82,10 +82,15 @@ class GMountService(Service):
         if not (export.startswith("/") and mountpoint.startswith("/")):
             raise ValueError("mount: EXPORT and MOUNTPOINT must be absolute paths")
         export, mountpoint = os.path.normpath(export), os.path.normpath(mountpoint)
-        if nested(export, mountpoint):
-            # A mount inside its own export would list itself forever.
-            raise ValueError("mount: the mountpoint %s and the export %s must not be inside "
-                             "each other" % (mountpoint, export))
+        # A mount inside its own export would list itself forever: refuse
+        # here, before any node starts (each node checks again, through
+        # symlinks and cascades, with the same words).
+        if mount_nesting.inside(export, mountpoint):
+            raise ValueError("mount: export %s is inside the mountpoint %s: the mount would "
+                             "contain itself" % (export, mountpoint))
+        if mount_nesting.inside(mountpoint, export):
+            raise ValueError("mount: mountpoint %s is inside the export %s: the mount would "
+                             "contain itself" % (mountpoint, export))
         for other in self.mounts.values():
             if nested(mountpoint, other.mountpoint) or nested(export, other.mountpoint):
                 raise ValueError("mount: %s overlaps the session's mount at %s"
