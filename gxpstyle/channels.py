@@ -11,11 +11,11 @@ Shipped to agents: standard library only, Python 3.8 syntax.
 """
 from __future__ import annotations
 
+from gxpstyle import bootstrap
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
     from typing import Any, Dict, List
-
-from gxpstyle import bootstrap
 
 PROCESS_CHANNELS = ("local", "ssh", "rsh", "sh")
 BATCH_CHANNELS = ("torque", "slurm")
@@ -27,7 +27,7 @@ class ChannelError(ValueError):
 
 def remote_command(spec: Dict[str, Any]) -> str:
     """The shell command line that starts the first stage on the target."""
-    import shlex   # imported here: agents that start no children never pay for it
+    import shlex  # imported here: agents that start no children never pay for it
     python = spec.get("python") or "python3"
     argv = bootstrap.stage1_argv(python, spec.get("tag") or bootstrap.PROCESS_TAG)
     return " ".join(shlex.quote(a) for a in argv)

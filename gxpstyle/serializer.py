@@ -19,6 +19,7 @@ a small frame cannot make the receiver allocate without bound.
 from __future__ import annotations
 
 import struct
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
     from typing import Any
@@ -132,7 +133,7 @@ def _decode(buf: memoryview, pos: int, depth: int, budget: list) -> tuple:
             try:
                 return raw.decode("utf-8", "surrogateescape"), pos
             except UnicodeDecodeError:
-                raise DecodeError("invalid UTF-8 in string")
+                raise DecodeError("invalid UTF-8 in string") from None
         return raw, pos
     if tag == 0x6C:  # l
         _need(buf, pos, 4)

@@ -16,17 +16,17 @@ import collections
 import os
 import pwd
 import select
-import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
 
-import pytest
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
-from gxpstyle import bootstrap, daemon, serializer, session as gxsession, wire
+from gxpstyle import bootstrap, daemon, serializer, wire
+from gxpstyle import session as gxsession
 
 REQUESTS = 10000          # at least this many requests and messages to the daemon
 AGENT_MESSAGES = 10000    # and to the agent's pipe
@@ -319,7 +319,7 @@ def test_hostile_requests_and_messages_leave_the_daemon_and_agents_up(gxp):
             try:
                 reply = conn.reply_to(item["req"], ANSWER_SECONDS)
             except TimeoutError:
-                raise AssertionError("no reply within %gs to %r" % (ANSWER_SECONDS, item))
+                raise AssertionError("no reply within %gs to %r" % (ANSWER_SECONDS, item)) from None
             if reply is None:
                 continue                         # this connection was dropped: a new one
             check_error_reply(reply, item)
@@ -412,7 +412,7 @@ def test_hostile_messages_on_its_pipe_leave_an_agent_up(user_bed):
                     agent.write(dst, src, msg)
                 except BrokenPipeError:
                     raise AssertionError("the agent died after %d messages; the last one: %r"
-                                         % (sent[0], msg))
+                                         % (sent[0], msg)) from None
                 sent[0] += 1
             # After each batch the agent still answers its parent.
             req = next(seq)

@@ -253,7 +253,7 @@ def test_refusal_log_is_bounded_and_counts_everything():
     log = link_auth.RefusalLog(lines.append, burst=3, window=10.0, clock=lambda: now[0])
     for i in range(1000):
         log.refused("10.0.0.%d" % (i % 250), "bad proof")
-    assert len(lines) == 3 and all(l.startswith("refused a connection from 10.0.0.") for l in lines)
+    assert len(lines) == 3 and all(line.startswith("refused a connection from 10.0.0.") for line in lines)
     now[0] += 10.0
     log.refused("10.0.0.1", "bad proof")
     assert lines[3] == "refused 997 more connections in 10s (not logged one by one)"

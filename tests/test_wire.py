@@ -3,7 +3,8 @@ import random
 import struct
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gxpstyle import bootstrap, serializer, wire
 
