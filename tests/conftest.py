@@ -3,7 +3,10 @@
 The product runs as an ordinary user that the tests create (root is for the test
 bed only), from the installed venv (`scripts/install`), never from the checkout.
 Every session a test opens is quit at the end, and the test errors if any agent
-of that session is still alive afterwards.
+of that session is still alive afterwards. The run as a whole fails when it
+leaves anything behind (leaks.py: files in /tmp and /var/tmp, FUSE mounts,
+network namespaces, test-bed users, processes); GXP_LEAK_CHECK=report only
+reports, for a machine where several runs share /tmp.
 """
 from __future__ import annotations
 
@@ -50,7 +53,8 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     write = reporter.write_line if reporter else (lambda line: print(line, file=sys.stderr))
     if reporter:
-        reporter.write_sep("=", "the run left %d things behind" % len(left), red=not report_only)
+        reporter.write_sep("=", "the run left %d thing%s behind" % (len(left), "s" * (len(left) != 1)),
+                           red=not report_only)
     for line in left:
         write("  " + line)
     if not report_only and session.exitstatus == 0:
