@@ -107,6 +107,19 @@ def nonce_expected(data, labels):
         return 0
 
 
+def test_send_and_drain_fails_on_a_listener_that_hangs():
+    """The helper itself can fail: a listener that accepts and then neither
+    answers nor closes is not taken for one that refuses."""
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(1)
+    try:
+        with pytest.raises(pytest.fail.Exception, match="neither closed nor reset"):
+            send_and_drain(hung.getsockname()[1], b"GXA1", timeout=0.5)
+    finally:
+        hung.close()
+
+
 def test_right_key_gets_an_encrypted_echo(server):
     tls = link_auth.client_handshake(connect(server.port), "0.1", KEY, server.pin)
     tls.sendall(b"hello over tls")
