@@ -65,7 +65,7 @@ def explore(g, hosts):
 def test_gmount_every_node_sees_every_file_and_umount_is_clean(bed, g):
     hosts = HOSTS
     explore(g, hosts)
-    tag = uuid.uuid4().hex[:6]
+    tag = g.new_tag()
     export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
     g.ok("e", "mkdir -p %s %s" % (export, mnt))
     t0 = time.monotonic()
@@ -93,7 +93,7 @@ def test_gmount_every_node_sees_every_file_and_umount_is_clean(bed, g):
 def test_umount_after_a_node_died_leaves_no_stale_mount(bed, g):
     hosts = HOSTS[:4]
     explore(g, hosts)
-    tag = uuid.uuid4().hex[:6]
+    tag = g.new_tag()
     export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
     g.ok("e", "mkdir -p %s %s" % (export, mnt))
     g.ok("mount", export, mnt)
@@ -113,7 +113,7 @@ def test_umount_after_a_node_died_leaves_no_stale_mount(bed, g):
 def test_data_port_refuses_a_wrong_key(bed, g):
     from gxpstyle import link_auth
     explore(g, HOSTS[:1])
-    tag = uuid.uuid4().hex[:6]
+    tag = g.new_tag()
     export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
     g.ok("e", "mkdir -p %s %s" % (export, mnt))
     g.ok("mount", export, mnt)
@@ -144,7 +144,7 @@ def test_cascade_through_a_gateway(bed, g):
     g.ok("use", "ssh", "head", "tg01")
     g.ok("use", "ssh", "tg01", "tg02")
     g.ok("explore", "tg01", "tg02")
-    tag = uuid.uuid4().hex[:6]
+    tag = g.new_tag()
     export, mnt, casc = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag, "/tmp/gxpcasc-" + tag
     g.ok("e", "mkdir -p %s %s" % (export, mnt))
     g.ok("e", "--hosts", "tg02", "echo deep > %s/deep.txt" % export)
@@ -176,7 +176,7 @@ def test_data_channel_on_the_wire(bed, g, cipher):
     import tempfile
     g.ok("use", "ssh", "head", "tg*")
     g.ok("explore", "tg01", "tg02")
-    tag = uuid.uuid4().hex[:6]
+    tag = g.new_tag()
     export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
     marker = "GXPMARKER%s" % uuid.uuid4().hex
     g.ok("e", "mkdir -p %s %s" % (export, mnt))
@@ -220,7 +220,7 @@ def test_data_listener_survives_fuzz_and_session_dirs_are_private(bed, g):
     from test_link_auth import send_and_drain
     g.ok("use", "ssh", "head", "tg*")
     g.ok("explore", "tg01", "tg02")
-    tag = uuid.uuid4().hex[:6]
+    tag = g.new_tag()
     export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
     g.ok("e", "mkdir -p %s %s" % (export, mnt))
     g.ok("mount", export, mnt)
@@ -287,7 +287,7 @@ broken:
 def test_small_make_runs_recipes_on_the_nodes_as_an_ordinary_user(bed, g):
     hosts = HOSTS[4:8]   # tg03 was killed by an earlier test
     explore(g, hosts)
-    tag = uuid.uuid4().hex[:6]
+    tag = g.new_tag()
     export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
     g.ok("e", "mkdir -p %s %s" % (export, mnt))
     g.ok("mount", export, mnt)
