@@ -69,14 +69,14 @@ class SftpBranch(Branch):
         self.cache = cache
         self.remote_path = path
         self._conn_lock = threading.Lock()
-        self._sess = None  # type: Optional[SftpSession]
-        self._transport = None  # type: Optional[paramiko.Transport]
+        self._sess: "Optional[SftpSession]" = None
+        self._transport: "Optional[paramiko.Transport]" = None
         self._reconnected = 0
-        self._attr = {}  # type: Dict[bytes, Tuple[float, Any]]
-        self._dirs = {}  # type: Dict[bytes, Tuple[float, List[str]]]
+        self._attr: "Dict[bytes, Tuple[float, Any]]" = {}
+        self._dirs: "Dict[bytes, Tuple[float, List[str]]]" = {}
         self._cache_lock = threading.Lock()
-        self._writers = {}  # type: Dict[bytes, set]
-        self._streams = {}  # type: Dict[Tuple[str, int, int], _Stream]
+        self._writers: "Dict[bytes, set]" = {}
+        self._streams: "Dict[Tuple[str, int, int], _Stream]" = {}
         self._streams_lock = threading.Lock()
         self.root = b"/"
         self.remote_uid = self.remote_gid = -1
@@ -293,7 +293,7 @@ class SftpBranch(Branch):
         sess = self._session()
         t, data = sess.request(CMD_OPENDIR, full)
         h = _handle_of(data)
-        names = []  # type: List[str]
+        names: "List[str]" = []
         now = time.monotonic()
         base = full if full.endswith(b"/") else full + b"/"
         try:

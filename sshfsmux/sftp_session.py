@@ -85,7 +85,7 @@ class _Req:
         self.sent = time.monotonic()
         self.t = 0
         self.data = b""
-        self.error = None  # type: Optional[BaseException]
+        self.error: "Optional[BaseException]" = None
         self.callback = callback
 
 def _pack(msg: Message, args: tuple) -> None:
@@ -149,7 +149,7 @@ class SftpSession(BaseSFTP):
             raise ConnectError("the server did not start an SFTP subsystem")
         m = Message(data)
         self.version = m.get_int()
-        self.extensions = {}  # type: Dict[str, bytes]
+        self.extensions: "Dict[str, bytes]" = {}
         while m.get_remainder():
             try:
                 name = _dec(m.get_string())
@@ -159,9 +159,9 @@ class SftpSession(BaseSFTP):
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)   # pending became non-empty, or dead
         self._send_lock = threading.Lock()
-        self._pending = {}  # type: Dict[int, _Req]  # in the order sent
+        self._pending: "Dict[int, _Req]" = {}  # in the order sent
         self._next = 1
-        self.dead = None  # type: Optional[str]
+        self.dead: "Optional[str]" = None
         self._thread = threading.Thread(target=self._run, name="sftp-reader", daemon=True)
         self._thread.start()
         threading.Thread(target=self._watch, name="sftp-watchdog", daemon=True).start()
