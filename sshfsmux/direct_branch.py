@@ -243,7 +243,8 @@ class DirectBranch(Branch):
             have = dict(zip(HAVE_KEYS, cand[0])) if cand is not None else None
             fetches: "List[_Fetch]" = []
 
-            def make() -> _Pending:
+            # Bound now, as a default: each pass of the loop has its own list.
+            def make(fetches: "List[_Fetch]" = fetches) -> _Pending:
                 fetches.append(_Fetch(self, key))
                 return fetches[-1]
             try:

@@ -160,7 +160,8 @@ def tune_socket(sock: socket.socket) -> None:
 
 
 def connect(host: str, port: int, key: bytes, pin: "Optional[str]", cipher: bool = True,
-            timeout: float = link_auth.HANDSHAKE_SECONDS) -> "Tuple[socket.socket, Optional[Tuple[bytes, bytes]]]":
+            timeout: float = link_auth.HANDSHAKE_SECONDS
+            ) -> "Tuple[socket.socket, Optional[Tuple[bytes, bytes]]]":
     """An authenticated data channel socket and its frame MAC keys (None with
     TLS). Raises link_auth.AuthError or OSError."""
     sock = socket.create_connection((host, port), timeout=timeout)

@@ -70,7 +70,11 @@ class StatusError(OSError):
 
     def __init__(self, code: int, text: str) -> None:
         e = _STATUS_ERRNO.get(code, errno.EIO)
-        super().__init__(e, os.strerror(e) if code != FX_FAILURE else "Failure" + (": " + text if text and text != "Failure" else ""))
+        if code != FX_FAILURE:
+            message = os.strerror(e)
+        else:
+            message = "Failure" + (": " + text if text and text != "Failure" else "")
+        super().__init__(e, message)
         self.code = code
 
 # --------------------------------------------------------------------------
