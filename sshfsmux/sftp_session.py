@@ -68,6 +68,8 @@ class ConnectionLost(OSError):
 class StatusError(OSError):
     """An SFTP status other than OK, with the SFTP code kept."""
 
+    errno: int      # never None here: every SFTP code maps to one (EIO by default)
+
     def __init__(self, code: int, text: str) -> None:
         e = _STATUS_ERRNO.get(code, errno.EIO)
         if code != FX_FAILURE:
@@ -261,6 +263,7 @@ class SftpSession(BaseSFTP):
                     except Exception:
                         pass
                 else:
+                    assert req.event is not None     # no callback: a waiting request
                     req.t, req.data = t, data[4:]
                     req.event.set()
         except BaseException as e:
@@ -306,6 +309,7 @@ class SftpSession(BaseSFTP):
                 except Exception:
                     pass
             else:
+                assert req.event is not None     # no callback: a waiting request
                 req.error = err
                 req.event.set()
 
