@@ -163,7 +163,7 @@ class Head(Node):
             except (use_rules.RuleError, hostpattern.PatternError, ValueError) as e:
                 self.reply(cid, msg["req"], 2, {"error": str(e)})
             return
-        if msg["op"] in ("kill", "stdin") and dst in self.tree:
+        if msg["op"] in ("kill", "stdin", "out_ack") and dst in self.tree:
             # Clients address jobs on nodes directly; the source is always the client.
             self.route_frame(dst, wire.encode_frame(dst, cid, msg), link)
 
