@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from gxpstyle import cluster_config, hostpattern, session, use_rules, wire
+from gxpstyle import cluster_config, hostpattern, session, use_rules
 from gxpstyle.client import Client, ClientError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SESSION, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -128,103 +128,9 @@ def cmd_e(c: Client, a: argparse.Namespace, command: Optional[List[str]] = None,
     words = command if command is not None else a.command
     if not words:
         raise UsageError("e: give a command to run")
-    cmd = " ".join(words)
-    args = {"cmd": cmd, "mask": mask or a.mask, "hosts": a.hosts, "stdin": a.stdin,
-            "cwd": os.getcwd() if os.path.isdir(os.getcwd()) else None, "env": {}}
-    status, result = c.call("e", args)
-    if status:
-        _err(result.get("error", "e failed"))
-        return EXIT_USAGE
-    job, names = result["job"], result["nodes"]
-    if not names:
-        _err("e: no node selected")
-        return EXIT_FAILED
-    running = set(names)
-    statuses: Dict[str, int] = {}
-    errors: Dict[str, str] = {}
-    folded: Dict[str, bytearray] = {n: bytearray() for n in names}
-    partial: Dict[tuple, bytes] = {}
-    interrupts = 0
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        nonlocal interrupts
-        interrupts += 1
-        sig = signal.SIGINT if interrupts == 1 else signal.SIGKILL
-        for nid in running:
-            try:
-                c.send(nid, {"op": "kill", "job": job, "sig": int(sig)})
-            except OSError:
-                pass
-
-    old = signal.signal(signal.SIGINT, on_sigint)
-    if a.stdin:
-        _forward_stdin(c, job, list(names))
-    try:
-        while running:
-            try:
-                item = c.next_message(0.5)
-            except InterruptedError:
-                continue
-            if item is None:
-                continue
-            src, msg = item
-            if msg.get("job") != job or src not in names:
-                continue
-            if msg["op"] == "out":
-                data = msg["data"]
-                if a.fold:
-                    folded[src] += data
-                elif a.host_prefix:
-                    key = (src, msg["fd"])
-                    data = partial.pop(key, b"") + data
-                    lines = data.split(b"\n")
-                    if lines[-1]:
-                        partial[key] = lines[-1]
-                    for line in lines[:-1]:
-                        _write(msg["fd"], names[src].encode() + b": " + line + b"\n")
-                else:
-                    _write(msg["fd"], data)
-            elif msg["op"] == "exit":
-                running.discard(src)
-                statuses[src] = msg["status"]
-                if msg["error"]:
-                    errors[src] = msg["error"]
-    finally:
-        signal.signal(signal.SIGINT, old)
-    for (src, fd), rest in partial.items():
-        _write(fd, names[src].encode() + b": " + rest + b"\n")
-    if a.fold:
-        groups: Dict[bytes, List[str]] = {}
-        for nid in sorted(names, key=lambda n: [int(x) for x in n.split(".")]):
-            groups.setdefault(bytes(folded[nid]), []).append(names[nid])
-        for out, members in groups.items():
-            header = hostpattern.fold(members)
-            print("-" * 15 + "\n" + header + " (%d)\n" % len(members) + "-" * 15)
-            sys.stdout.flush()
-            _write(1, out)
-    failed = sorted((n for n, s in statuses.items() if s != 0),
-                    key=lambda n: [int(x) for x in n.split(".")])
-    if interrupts:
-        return EXIT_INTERRUPTED
-    if failed:
-        parts = []
-        for nid in failed:
-            why = errors.get(nid) or "exit %d" % statuses[nid]
-            parts.append("%s (%s)" % (names[nid], why))
-        _err("e: failed on %d of %d: %s" % (len(failed), len(names), ", ".join(parts)))
-        return EXIT_FAILED
-    return EXIT_OK
-
-
-def _forward_stdin(c: Client, job: int, nodes: List[str]) -> None:
-    """Send all of our stdin to every node (read up front: commands given stdin
-    are usually filters of a small input)."""
-    data = sys.stdin.buffer.read()
-    for i in range(0, max(len(data), 1), wire.CHUNK):
-        chunk = data[i:i + wire.CHUNK]
-        last = i + wire.CHUNK >= len(data)
-        for nid in nodes:
-            c.send(nid, {"op": "stdin", "job": job, "data": chunk, "eof": last})
+    from gxpstyle import parallel_shell
+    return parallel_shell.run(c, " ".join(words), mask=mask or a.mask, hosts=a.hosts,
+                              stdin=a.stdin, host_prefix=a.host_prefix, fold=a.fold)
 
 
 def cmd_gexec(c: Client, a: argparse.Namespace) -> int:

@@ -127,6 +127,10 @@ SCHEMA: Dict[str, Dict[str, Any]] = {
     "out": {"job": _I, "fd": _I, "data": _BY},
     "exit": {"job": _I, "status": _I, "error": _S},
     "kill": {"job": _I, "sig": _I},
+    # flow control (job_runner.py): the consumer took `bytes` of a job's output;
+    # the command took `bytes` of its stdin (eof: it will take no more)
+    "out_ack": {"job": _I, "bytes": _I},
+    "stdin_ack": {"job": _I, "bytes": _I, "eof": _B},
     # node-to-node file transfer (head plans; agents move bytes)
     "xfer_open": {"xfer": _I, "path": _S, "mode": _I, "size": _I},
     "xfer_data": {"xfer": _I, "data": _BY},
