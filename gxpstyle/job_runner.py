@@ -121,6 +121,7 @@ class Watchdog:
     def _write(self, line: bytes) -> None:
         if self.wfd is None and not self._start():
             return
+        assert self.wfd is not None
         try:
             os.write(self.wfd, line)
         except (BrokenPipeError, BlockingIOError, OSError):
@@ -227,7 +228,7 @@ class JobRunner:
         self.watchdog.add(proc.pid)
         job = Job(self, key, proc)
         self.jobs[key] = job
-        self.loop.watch_child(proc.pid, lambda job=job: self._child_event(job))
+        self.loop.watch_child(proc.pid, lambda: self._child_event(job))
         self._set_reading(job)
         self._check_lingering()
 
@@ -239,9 +240,12 @@ class JobRunner:
         job.reading = want
         for fd in job.open_fds:
             if want:
-                self.loop.add_reader(fd, lambda fd=fd, job=job: self._readable(job, fd))
+                self.loop.add_reader(fd, self._reader(job, fd))
             else:
                 self.loop.remove_reader(fd)
+
+    def _reader(self, job: Job, fd: int) -> Callable[[], None]:
+        return lambda: self._readable(job, fd)
 
     def _readable(self, job: Job, fd: int) -> None:
         try:
@@ -375,7 +379,8 @@ class JobRunner:
         if job.stdin_fd is not None:
             self.loop.forget(job.stdin_fd)
             try:
-                job.proc.stdin.close()
+                if job.proc.stdin is not None:
+                    job.proc.stdin.close()
             except OSError:
                 pass
             job.stdin_fd = None

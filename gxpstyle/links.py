@@ -34,7 +34,7 @@ from gxpstyle.event_loop import EventLoop
 READ_SIZE = 256 << 10
 HIGH_WATER = 4 << 20
 LOW_WATER = 1 << 20
-CLIENT_HIGH_WATER = 64 << 20
+CLIENT_HIGH_WATER = 16 << 20
 
 
 class Link:

@@ -90,7 +90,7 @@ def run(c: Client, cmd: str, mask: Optional[str] = None, hosts: Optional[str] = 
     """Run `cmd` on the selected nodes of the session `c` is connected to; returns
     the exit status of `gxpc e` (0 all succeeded, 1 some failed, 2 refused, 130 Ctrl-C)."""
     cwd = os.getcwd() if os.path.isdir(os.getcwd()) else None
-    args = {"cmd": cmd, "mask": mask, "hosts": hosts, "stdin": stdin, "cwd": cwd, "env": {}}
+    args: Dict[str, Any] = {"cmd": cmd, "mask": mask, "hosts": hosts, "stdin": stdin, "cwd": cwd, "env": {}}
     status, result = c.call("e", args)
     if status:
         error(result.get("error", "e failed"))
