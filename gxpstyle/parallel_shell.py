@@ -126,6 +126,10 @@ class _Shell:
         self.statuses: Dict[str, int] = {}
         self.errors: Dict[str, str] = {}
         self.interrupts = 0
+        if stdin_fd == 0 and sys.stdin is None:
+            # Started with fd 0 closed (the number may now be our socket's):
+            # the commands get an empty stdin.
+            stdin_fd = os.open(os.devnull, os.O_RDONLY)
         self.stdin_fd = stdin_fd
         self.feeding: Set[str] = set(names) if stdin_fd is not None else set()
         self.in_flight: Dict[str, int] = {n: 0 for n in names}
