@@ -74,22 +74,26 @@ def gateway_tree(gxp) -> dict:
     return {("daemon" if k == "head" else k): v for k, v in pids.items()}
 
 
-def test_slowly_read_output_of_8_nodes_through_a_gateway(gxp):
-    per_node = int(os.environ.get("GXP_FLOW_BYTES", str(128 << 20)))
-    pids = gateway_tree(gxp)
-    # leafN writes per_node bytes, all of them the letter N (leaf1 'a' ...), so
-    # the byte counts of the merged stream say which node's bytes arrived.
-    cmd = ("c=$(echo $GXP_HOSTNAME | tr 12345678 abcdefgh | cut -c5); "
-           "head -c %d /dev/zero | tr '\\0' $c" % per_node)
-    p = gxp.popen("e", "--hosts", "leaf*", cmd, text=False, bufsize=0)
-    pids["client"] = p.pid
-    counts = {chr(ord("a") + i): 0 for i in range(LEAVES)}
+def letter_command(per_node: int, digits: str, column: int) -> str:
+    """Each node writes per_node bytes of one letter, picked from its name's
+    digit at `column` (digits[i] -> 'a' + i): the byte counts of the merged
+    stream then say which node's bytes arrived."""
+    letters = "".join(chr(ord("a") + i) for i in range(len(digits)))
+    return ("c=$(echo $GXP_HOSTNAME | tr %s %s | cut -c%d); head -c %d /dev/zero | tr '\\0' $c"
+            % (digits, letters, column, per_node))
+
+
+def read_slowly(gxp, pids: dict, hosts: str, cmd: str, nodes: int, per_node: int) -> None:
+    """Run cmd on hosts, read gxpc's output slowly, check every byte and every RSS."""
+    p = gxp.popen("e", "--hosts", hosts, cmd, text=False, bufsize=0)
+    pids = dict(pids, client=p.pid)
+    counts = {chr(ord("a") + i): 0 for i in range(nodes)}
     total = 0
     t0 = time.monotonic()
     try:
         with RssSampler(pids) as sampler:
             # Slow: nothing read for 3 s (every queue on the way fills to its
-            # bound), then small reads with pauses.
+            # bound), then small reads with pauses for the first 64 MB.
             time.sleep(3)
             while True:
                 data = p.stdout.read(64 << 10)
@@ -108,11 +112,17 @@ def test_slowly_read_output_of_8_nodes_through_a_gateway(gxp):
             p.wait()
     elapsed = time.monotonic() - t0
     assert p.returncode == 0, err
-    assert total == LEAVES * per_node
+    assert total == nodes * per_node
     assert counts == {ch: per_node for ch in counts}      # nothing else, nothing lost
     sampler.check()
     print("%d MB in %.1f s; peak RSS %s" % (total >> 20, elapsed,
           {k: "%.0f MB" % (v / 1e6) for k, v in sampler.peak.items()}))
+
+
+def test_slowly_read_output_of_8_nodes_through_a_gateway(gxp):
+    per_node = int(os.environ.get("GXP_FLOW_BYTES", str(128 << 20)))
+    pids = gateway_tree(gxp)
+    read_slowly(gxp, pids, "leaf*", letter_command(per_node, "12345678", 5), LEAVES, per_node)
 
 
 @pytest.fixture
