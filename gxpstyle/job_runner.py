@@ -390,9 +390,10 @@ class JobRunner:
         job = self.jobs.get((requester, job_id))
         if job is None:
             return
-        if sig == signal.SIGKILL and not job.credit:
+        if sig == signal.SIGKILL:
             # A hard kill (Ctrl-C twice, or the client went away): nobody may
-            # ack again, so drain what is left instead of holding the job open.
+            # ack again, so drain what is left (a pipe's worth at most) instead
+            # of holding the job open for credit.
             job.unacked = -(1 << 62)
             job.credit = True
             self._set_reading(job)
