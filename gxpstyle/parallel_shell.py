@@ -159,6 +159,11 @@ class _Shell:
 
     def _step(self) -> None:
         c = self.c
+        # Messages may already wait: the reply to our request can arrive in the
+        # same read as the first output and exits.
+        self._take_all()
+        if not self.running:
+            return
         readers: List[Any] = [c.fileno()]
         if self._wants_stdin():
             readers.append(self.stdin_fd)
@@ -173,13 +178,16 @@ class _Shell:
             self._read_stdin()
         if c.fileno() in readable:
             c.receive()
-            while True:
-                item = c.take()
-                if item is None:
-                    break
-                self._handle(*item)
+            self._take_all()
         if c.out_buf:
             c.flush()
+
+    def _take_all(self) -> None:
+        while True:
+            item = self.c.take()
+            if item is None:
+                return
+            self._handle(*item)
 
     def _read_stdin(self) -> None:
         assert self.stdin_fd is not None
