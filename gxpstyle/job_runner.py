@@ -108,7 +108,7 @@ class Watchdog:
             self.proc = subprocess.Popen(
                 [sys.executable or "python3", "-I", "-S", "-c", WATCHDOG_SOURCE, "gxp-watchdog"],
                 stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True, close_fds=True)
+                cwd="/", start_new_session=True, close_fds=True)   # "/": never keeps a mount busy
         except OSError:
             os.close(w)
             return False
@@ -314,6 +314,10 @@ class JobRunner:
                                "error": "" if rc >= 0 else "killed by signal %d" % -rc})
 
     def _forget_group(self, pgid: int) -> None:
+        # The watchdog forgets a group only once it is empty: a group id cannot
+        # be reused while any member lives, so it signals no stranger's group
+        # (short of a lingering group emptying, then its id being recycled past
+        # pid_max, between two of our checks).
         if _group_alive(pgid):
             self.lingering.add(pgid)
         else:
