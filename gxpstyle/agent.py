@@ -98,8 +98,26 @@ class Node:
             self.children[where].send_frame(frame)
 
     def route_up(self, dst: str, frame: bytes) -> None:
-        if self.parent is not None:
-            self.parent.send_frame(frame)
+        parent = self.parent
+        if parent is None:
+            return
+        parent.send_frame(frame)
+        if parent.congested and not parent.holding:
+            # Everything going up shares this link: while it is congested, stop
+            # reading our children and our jobs' output, and start again when
+            # it drains (links.py says why this cannot stall the tree).
+            parent.holding = True
+            held = list(self.children.values())
+            for link in held:
+                link.pause_reading()
+            self.jobs.pause_output()
+
+            def drained() -> None:
+                parent.holding = False
+                for link in held:
+                    link.resume_reading()
+                self.jobs.resume_output()
+            parent.when_drained(drained)
 
     def unroutable(self, dst: str, frame: bytes) -> None:
         """A frame for a descendant we have no link to (lost or never was)."""
@@ -269,6 +287,10 @@ class Node:
 
     def op_stdin(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         self.jobs.write_stdin(src, msg)
+
+    def op_out_ack(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        """Output credit: the consumer took `bytes` of a job's output."""
+        self.jobs.ack_output(src, msg["job"], msg["bytes"])
 
     def op_kill(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         self.jobs.kill(src, msg["job"], msg["sig"])
@@ -442,23 +464,40 @@ class Node:
         self.quitting = True
         for child, link in list(self.children.items()):
             link.send(child, self.id, {"op": "quit"})
+            link.resume_reading()    # their goodbyes must get through
         for cs in list(self.starting.values()):
             cs._finish(False, "quitting")
-        self.jobs.kill_all()
         if self.role_cleanup is not None:
             try:
                 self.role_cleanup()
             except Exception as e:   # a failing cleanup must not stop the shutdown
                 self.log("role cleanup failed: %s" % e)
-        deadline = time.monotonic() + QUIT_GRACE
+        # Finish when every child link has closed and every job has died (both
+        # are events), or after QUIT_GRACE, whichever comes first.
+        state = {"jobs": False, "done": False}
 
-        def wait_children() -> None:
-            if self.children and time.monotonic() < deadline:
-                self.loop.call_later(0.02, wait_children)
+        def check() -> None:
+            if not state["done"] and state["jobs"] and not self.children:
+                finish()
+
+        def finish() -> None:
+            if state["done"]:
                 return
+            state["done"] = True
+            self.loop.cancel(timer)
             self.finish_shutdown(send_bye)
 
-        wait_children()
+        def jobs_dead() -> None:
+            state["jobs"] = True
+            check()
+
+        for link in list(self.children.values()):
+            def closed(link: Link, why: str, inner: Callable[[Link, str], None] = link.on_close) -> None:
+                inner(link, why)
+                check()
+            link.on_close = closed
+        timer = self.loop.call_later(QUIT_GRACE, finish)
+        self.jobs.kill_all(jobs_dead)
 
     def finish_shutdown(self, send_bye: bool) -> None:
         for link in list(self.children.values()):
@@ -467,6 +506,7 @@ class Node:
             cs.terminate()
         for cs in list(self.started.values()):
             cs.reap(1.0)
+        self.jobs.close()
         if self.listener is not None:
             self.listener.close()
         if self.session_dir is not None:

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from typing import Any, Dict, Iterator, Optional, Tuple
 
 START_TIMEOUT = 30.0
+# Output credit goes back to the job every ACK_EVERY bytes handed to the program
+# (job_runner.OUT_WINDOW is the most a job may have unacknowledged: keep this well under).
+ACK_EVERY = 256 << 10
 
 
 class ClientError(RuntimeError):
@@ -31,6 +34,10 @@ class Client:
         self.reader = wire.FrameReader()
         self.req = 0
         self.backlog: list = []
+        # Frames queued to the daemon. Whole frames only, so a frame may go out
+        # directly (a signal handler's kill) whenever this is empty.
+        self.out_buf = bytearray()
+        self.unacked: Dict[Tuple[str, int], int] = {}
 
     # -- connection -------------------------------------------------------------
     def connect(self, start: bool) -> bool:
@@ -112,35 +119,104 @@ class Client:
             self.sock = None
 
     # -- frames -------------------------------------------------------------------
-    def send(self, dst: str, msg: Dict[str, Any]) -> None:
+    def fileno(self) -> int:
         assert self.sock is not None
-        self.sock.sendall(wire.encode_frame(dst, "c", msg))
+        return self.sock.fileno()
+
+    def send(self, dst: str, msg: Dict[str, Any]) -> None:
+        """Send now (blocking), after anything queued."""
+        self.queue(dst, msg)
+        self.flush(block=True)
+
+    def queue(self, dst: str, msg: Dict[str, Any]) -> None:
+        self.out_buf += wire.encode_frame(dst, "c", msg)
+
+    def send_urgent(self, dst: str, msg: Dict[str, Any]) -> None:
+        """For signal handlers: straight out when no frame is half sent, else queued."""
+        if self.out_buf:
+            self.queue(dst, msg)
+        else:
+            assert self.sock is not None
+            self.sock.sendall(wire.encode_frame(dst, "c", msg))
+
+    def flush(self, block: bool = False) -> None:
+        """Write what is queued: all of it when `block`, else what the socket takes now."""
+        assert self.sock is not None
+        while self.out_buf:
+            if block:
+                select.select([], [self.sock], [])
+            try:
+                n = self.sock.send(self.out_buf, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                if block:
+                    continue
+                return
+            except OSError as e:
+                raise ClientError("the session daemon closed the connection (%s)" % e.strerror)
+            del self.out_buf[:n]
 
     def request(self, cmd: str, args: Optional[Dict[str, Any]] = None) -> int:
         self.req += 1
         self.send(wire.HEAD, {"op": "request", "req": self.req, "cmd": cmd, "args": args or {}})
         return self.req
 
+    def receive(self) -> None:
+        """Read what the daemon sent (one recv) into the backlog. Raises ClientError
+        when the daemon goes."""
+        assert self.sock is not None
+        try:
+            data = self.sock.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            raise ClientError("the session daemon closed the connection")
+        try:
+            for frame in self.reader.feed(data):
+                _, src, body = wire.split_frame(frame)
+                self.backlog.append((src, wire.decode_message(body)))
+        except wire.FrameError as e:
+            raise ClientError("bad frame from the daemon: %s" % e)
+
+    def take(self) -> Optional[Tuple[str, Dict[str, Any]]]:
+        """The next received message, or None; output is acknowledged as it is
+        handed over (the program consumes it before asking for more)."""
+        if not self.backlog:
+            return None
+        src, msg = self.backlog.pop(0)
+        op = msg["op"]
+        if op == "out":
+            self.ack_output(src, msg["job"], len(msg["data"]))
+        elif op == "exit":
+            self.unacked.pop((src, msg["job"]), None)
+        return src, msg
+
+    def ack_output(self, src: str, job: int, nbytes: int) -> None:
+        key = (src, job)
+        n = self.unacked.get(key, 0) + nbytes
+        if n >= ACK_EVERY:
+            self.queue(src, {"op": "out_ack", "job": job, "bytes": n})
+            n = 0
+        self.unacked[key] = n
+
     def next_message(self, timeout: Optional[float] = None) -> Optional[Tuple[str, Dict[str, Any]]]:
         """(src, message), or None on timeout. Raises ClientError when the daemon goes."""
         assert self.sock is not None
         while not self.backlog:
-            ready, _, _ = select.select([self.sock], [], [], timeout)
-            if not ready:
+            wants_write = [self.sock] if self.out_buf else []
+            readable, writable, _ = select.select([self.sock], wants_write, [], timeout)
+            if writable:
+                self.flush()
+            if not readable:
+                if writable and self.out_buf:
+                    continue
                 return None
-            try:
-                data = self.sock.recv(1 << 20)
-            except ConnectionResetError:
-                data = b""
-            if not data:
-                raise ClientError("the session daemon closed the connection")
-            try:
-                for frame in self.reader.feed(data):
-                    _, src, body = wire.split_frame(frame)
-                    self.backlog.append((src, wire.decode_message(body)))
-            except wire.FrameError as e:
-                raise ClientError("bad frame from the daemon: %s" % e)
-        return self.backlog.pop(0)
+            self.receive()
+        item = self.take()
+        if self.out_buf:
+            self.flush()
+        return item
 
     def call(self, cmd: str, args: Optional[Dict[str, Any]] = None,
              on_print: Any = None) -> Tuple[int, Dict[str, Any]]:

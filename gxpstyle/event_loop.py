@@ -5,6 +5,13 @@ so forwarding never blocks reading from the other links (execnet's relay writes
 from its receive callback and can stall the whole receiver; we queue instead).
 Threads (TLS relays, paramiko) talk to the loop only through fds and `call_soon`.
 
+Child exit is an event too (`watch_child`): a pidfd where the kernel and Python
+have one (Linux 5.3, Python 3.9), else SIGCHLD written into the loop's wake-up
+pipe by `signal.set_wakeup_fd` (the signal is delivered to the main thread, but
+the byte wakes the loop in whatever thread runs it). Only when neither is
+possible (no pidfd, and the loop was made outside the main thread) does a watched
+child fall back to a 50 ms poll.
+
 Shipped to agents: standard library only, Python 3.8 syntax.
 """
 from __future__ import annotations
@@ -13,6 +20,7 @@ import heapq
 import itertools
 import os
 import selectors
+import signal
 import time
 from _thread import allocate_lock   # `threading` costs an agent 4 ms at start
 
@@ -38,6 +46,10 @@ class EventLoop:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self.add_reader(self._wake_r, self._drain_wake)
+        self._children: Dict[int, Callback] = {}     # pid -> cb, for every watched child
+        self._pidfds: Dict[int, int] = {}            # pid -> its pidfd
+        self._sigchld = False                         # SIGCHLD wakes us (fallback)
+        self._child_poll: Optional[int] = None        # last-resort poll timer
 
     # -- fds -------------------------------------------------------------
     def _update(self, fd: int) -> None:
@@ -97,11 +109,72 @@ class EventLoop:
             pass
 
     def _drain_wake(self) -> None:
+        got = b""
         try:
-            while os.read(self._wake_r, 4096):
-                pass
+            while True:
+                chunk = os.read(self._wake_r, 4096)
+                if not chunk:
+                    break
+                got += chunk
         except (BlockingIOError, OSError):
             pass
+        if self._sigchld and bytes((signal.SIGCHLD,)) in got:
+            self._check_children()
+
+    # -- child processes -----------------------------------------------------
+    def watch_child(self, pid: int, cb: Callback, how: str = "auto") -> None:
+        """Call cb() when child `pid` may have exited (it checks, e.g. Popen.poll(),
+        and calls unwatch_child once it has). `how` forces "sigchld" or "poll" (tests)."""
+        self._children[pid] = cb
+        if how == "auto" and hasattr(os, "pidfd_open"):
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:      # ENOSYS on old kernels, EPERM in some sandboxes
+                pass
+            else:
+                self._pidfds[pid] = fd
+                self.add_reader(fd, cb)
+                return
+        if how in ("auto", "sigchld") and self._install_sigchld():
+            # The child may have exited before the handler was there.
+            self.call_later(0, lambda: self._children.get(pid, _noop)())
+            return
+        if self._child_poll is None:
+            self._child_poll = self.call_later(0.05, self._poll_children)
+
+    def unwatch_child(self, pid: int) -> None:
+        self._children.pop(pid, None)
+        fd = self._pidfds.pop(pid, None)
+        if fd is not None:
+            self.forget(fd)
+            os.close(fd)
+
+    def _install_sigchld(self) -> bool:
+        if self._sigchld:
+            return True
+        try:
+            # A Python handler must exist for the C handler to write the byte;
+            # it does nothing itself. Jobs get SIGCHLD back to default at exec.
+            signal.signal(signal.SIGCHLD, lambda *a: None)
+            old = signal.set_wakeup_fd(self._wake_w)
+        except ValueError:       # not the main thread: cannot handle signals here
+            return False
+        if old not in (-1, self._wake_w):
+            signal.set_wakeup_fd(old)    # someone else's: leave it, poll instead
+            return False
+        self._sigchld = True
+        return True
+
+    def _check_children(self) -> None:
+        for pid, cb in list(self._children.items()):
+            if pid not in self._pidfds and pid in self._children:
+                cb()
+
+    def _poll_children(self) -> None:
+        self._child_poll = None
+        self._check_children()
+        if any(pid not in self._pidfds for pid in self._children) and not self._sigchld:
+            self._child_poll = self.call_later(0.05, self._poll_children)
 
     # -- running ---------------------------------------------------------
     def stop(self) -> None:
@@ -140,9 +213,21 @@ class EventLoop:
             cb()
 
     def close(self) -> None:
+        for pid in list(self._children):
+            self.unwatch_child(pid)
+        if self._sigchld:
+            try:
+                signal.set_wakeup_fd(-1)
+            except ValueError:
+                pass
+            self._sigchld = False
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)
             except OSError:
                 pass
         self._sel.close()
+
+
+def _noop() -> None:
+    pass

@@ -4,6 +4,20 @@ Reading feeds a bounded FrameReader; writing drains a queue when the fd is
 writable. A link that sends garbage or an oversized frame is closed with a
 one-line reason; the loop and every other link go on.
 
+Flow control. A link whose outgoing queue passes HIGH_WATER is `congested`
+until it drains below LOW_WATER; whoever feeds it can wait for that
+(`when_drained`) and stop reading its own sources meanwhile (`pause_reading`).
+Which sources to stop is the node's choice (agent.py `route_up`): only traffic
+going up is held hop by hop, because everything a node sends up shares the one
+link anyway. Output to clients and stdin down to jobs are bounded end to end by
+per-job credit windows (job_runner.py), so the head never stops reading its
+children for a slow client, and a client that reads nothing stalls only its own
+jobs, never another client's or the tree's control traffic.
+
+A client (peer "c...") that does not read what we send it gets no more of its
+own frames read past CLIENT_HIGH_WATER: that bounds replies to requests it
+keeps sending without reading, and affects that client only.
+
 Shipped to agents: standard library only, Python 3.8 syntax.
 """
 from __future__ import annotations
@@ -12,13 +26,16 @@ import collections
 import os
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
-    from typing import Callable, Optional
+    from typing import Callable, List, Optional
     from gxpstyle.child_bootstrap import ChildStart
 
 from gxpstyle import wire
 from gxpstyle.event_loop import EventLoop
 
 READ_SIZE = 256 << 10
+HIGH_WATER = 4 << 20
+LOW_WATER = 1 << 20
+CLIENT_HIGH_WATER = 16 << 20
 
 
 class Link:
@@ -39,6 +56,12 @@ class Link:
         self.closed = False
         # The bootstrap bringing up the child at the other end, until it is ready.
         self.starting: "Optional[ChildStart]" = None
+        self.congested = False
+        self._drain_waiters: List[Callable[[], None]] = []
+        self.reading = True
+        self._held = False          # reading paused because our own queue is full
+        self.holding = False        # the node holds its sources until we drain (agent.py)
+        self._throttle_self = peer.startswith(wire.CLIENT_PREFIX)
         os.set_blocking(rfd, False)
         if wfd != rfd:
             os.set_blocking(wfd, False)
@@ -48,6 +71,33 @@ class Link:
         """Bytes read before the link existed (after a bootstrap marker)."""
         if data:
             self._consume(data)
+
+    # -- flow control ----------------------------------------------------------
+    def pause_reading(self) -> None:
+        if self.reading and not self.closed:
+            self.reading = False
+            self.loop.remove_reader(self.rfd)
+
+    def resume_reading(self) -> None:
+        if not self.reading and not self.closed and not self._held:
+            self.reading = True
+            self.loop.add_reader(self.rfd, self._readable)
+
+    def when_drained(self, cb: Callable[[], None]) -> None:
+        """cb() once the queue is below LOW_WATER (now if it is not congested), or closed."""
+        if not self.congested or self.closed:
+            cb()
+        else:
+            self._drain_waiters.append(cb)
+
+    def _drained(self) -> None:
+        self.congested = False
+        if self._held:
+            self._held = False
+            self.resume_reading()
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for cb in waiters:
+            cb()
 
     def _readable(self) -> None:
         try:
@@ -84,6 +134,11 @@ class Link:
             self._writable()
             if self.outq and not self.closed:
                 self.loop.add_writer(self.wfd, self._writable)
+        if self.queued > HIGH_WATER and not self.closed:
+            self.congested = True
+            if self._throttle_self and self.queued > CLIENT_HIGH_WATER and not self._held:
+                self.pause_reading()
+                self._held = True
 
     def send(self, dst: str, src: str, msg: dict) -> None:
         self.send_frame(wire.encode_frame(dst, src, msg))
@@ -94,7 +149,7 @@ class Link:
             try:
                 n = os.write(self.wfd, buf)
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError as e:
                 self.close("write error: %s" % e.strerror)
                 return
@@ -103,8 +158,11 @@ class Link:
                 self.outq.popleft()
             else:
                 self.outq[0] = buf[n:]
-                return
-        self.loop.remove_writer(self.wfd)
+                break
+        if self.congested and self.queued <= LOW_WATER:
+            self._drained()
+        if not self.outq and not self.closed:
+            self.loop.remove_writer(self.wfd)
 
     def flush_blocking(self, timeout: float = 2.0) -> None:
         """Best effort: push out what is queued before the process exits."""
@@ -129,6 +187,8 @@ class Link:
         self.outq.clear()
         self.queued = 0
         self.on_close(self, why)
+        if self.congested:
+            self._drained()     # whoever waits on us must not wait forever
 
 
 def frame_with_prefix(frame_body: bytes) -> bytes:

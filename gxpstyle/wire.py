@@ -154,6 +154,10 @@ SCHEMA: Dict[str, Rec] = {
     "done": Rec({"job": _JOB, "client": _ID, "status": Int(-(1 << 31), 1 << 31), "error": _TEXT},
                 open=True),
     "kill": Rec({"job": _JOB, "sig": Int(1, 64)}, open=True),
+    # flow control (job_runner.py): the consumer took `bytes` of a job's output;
+    # the command took `bytes` of its stdin (eof: it will take no more)
+    "out_ack": Rec({"job": _JOB, "bytes": Int(0, 1 << 62)}, open=True),
+    "stdin_ack": Rec({"job": _JOB, "bytes": Int(0, 1 << 62), "eof": Bool()}, open=True),
     # node-to-node file transfer (head plans; agents move bytes)
     "xfer_open": Rec({"xfer": _JOB, "path": Str(4096), "mode": Int(0, 0o7777),
                       "size": Int(0, 1 << 62)}, open=True),

@@ -1,0 +1,48 @@
+"""Backpressure on real sshd hosts: 1 GB of `e` output from 8 hosts through an
+ssh gateway, read slowly; every process (client, daemon, gateway agent, leaf
+agents) stays under 100 MB RSS and every byte arrives. The hosts share the
+head's pid namespace, so their agents' RSS is read from /proc here."""
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+import testbed
+from conftest import REPO, venv_dir
+from test_flow_backpressure import letter_command, read_slowly
+
+pytestmark = pytest.mark.testbed
+
+HOSTS = ["tf%02d" % i for i in range(1, 10)]      # tf01 the gateway, tf02-tf09 the leaves
+
+
+@pytest.fixture(scope="module")
+def bed():
+    if os.getuid() != 0:
+        pytest.skip("the test bed needs root")
+    missing = testbed.requirements_missing()
+    if missing:
+        pytest.skip(missing)
+    b = testbed.TestBed()
+    try:
+        b.up(HOSTS, hide_paths=[REPO, venv_dir()])
+        b.add_user("gxpf" + uuid.uuid4().hex[:6])
+        yield b
+    finally:
+        b.teardown()
+
+
+def test_1gb_from_8_hosts_through_an_ssh_gateway_read_slowly(bed, make_gxp):
+    g = make_gxp(bed=bed, user=next(iter(bed.users)))
+    g.ok("use", "ssh", "head", "tf01")
+    g.ok("use", "ssh", "tf01", "tf[[02-09]]")
+    g.ok("explore", "tf[[01-09]]")
+    pids = {}
+    for line in g.ok("stat").stdout.splitlines()[1:]:
+        parts = line.split()
+        pids["daemon" if parts[1] == "head" else parts[1]] = int(line.split("pid=")[1].split()[0])
+    assert sorted(pids) == ["daemon"] + HOSTS
+    per_node = int(os.environ.get("GXP_FLOW_BYTES", str(128 << 20)))
+    read_slowly(g, pids, "tf[[02-09]]", letter_command(per_node, "23456789", 4), 8, per_node)
