@@ -17,7 +17,7 @@ import _signal as signal   # the signal module's enums cost more than gxpc e its
 import os
 import sys
 
-from gxpstyle import limits, user_names, verbs, wire
+from gxpstyle import limits, user_names, verbs
 from gxpstyle.client import Client, ClientError
 from gxpstyle.verbs import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SESSION, EXIT_USAGE,
                             OPTIONAL, REMAINDER, START, Arg, Opt, UsageError, Verb)

@@ -8,6 +8,8 @@ import select
 import sys
 import time
 
+import _socket   # not socket: its enums double gxpc's start-up CPU
+
 from gxpstyle import session, wire
 
 # Imported for types only: gxpc loads this module on every start, and typing
@@ -65,8 +67,6 @@ class Client:
     def _try_connect(self, path: str) -> bool:
         if not os.path.exists(path):
             return False
-        # _socket, not socket: the socket module's enums double gxpc's start-up CPU.
-        import _socket
         s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             s.connect(path)
@@ -146,7 +146,7 @@ class Client:
             if block:
                 select.select([], [self.sock], [])
             try:
-                n = self.sock.send(self.out_buf, socket.MSG_DONTWAIT)
+                n = self.sock.send(self.out_buf, _socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 if block:
                     continue

@@ -55,7 +55,8 @@ def test_output_and_exits_that_come_with_the_reply_end_the_run(deadline, tmp_pat
     c.sock = ours
     # The reply, both nodes' output and both exits arrive in one read.
     answer = _frames(
-        ("0", {"op": "reply", "req": 1, "status": 0, "result": {"job": 7, "nodes": {"0": "head", "0.1": "n1"}}}),
+        ("0", {"op": "reply", "req": 1, "status": 0,
+               "result": {"job": 7, "nodes": {"0": "head", "0.1": "n1"}}}),
         ("0", {"op": "out", "job": 7, "fd": 1, "data": b"a\n"}),
         ("0.1", {"op": "out", "job": 7, "fd": 1, "data": b"b\n"}),
         ("0", {"op": "exit", "job": 7, "status": 0, "error": ""}),

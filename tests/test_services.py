@@ -59,7 +59,9 @@ def test_explore_payload_keeps_its_budget_after_a_push():
     assert {t: cache.for_tag(t) for t in (None, tag)} == before
     service = cache.for_tag(tag, service=True)
     assert len(service[1]) > len(before[tag][1]) + 20000
-    assert len(before[None][1]) < 40 * 1024 and len(before[tag][1]) < 112 * 1024
+    from test_wire import PAYLOAD_BUDGET
+    assert len(before[None][1]) < PAYLOAD_BUDGET["source"]
+    assert len(before[tag][1]) < PAYLOAD_BUDGET["precompiled"]
 
 
 def test_pushed_modules_never_replace_the_core():
@@ -193,3 +195,43 @@ def test_a_dead_mount_service_is_lost_and_umount_detaches_it(gxp, fuse_for_users
     gxp.ok("mount", export, mnt)
     assert gxp.ok("e", "--hosts", "local1", "cat %s/f" % mnt).stdout == "x\n"
     gxp.ok("umount")
+
+
+def _user_pids(gxp, pattern):
+    r = subprocess.run(["pgrep", "-f", pattern] + (["-u", gxp.user] if gxp.user else []),
+                       capture_output=True, text=True)
+    return [int(p) for p in r.stdout.split()]
+
+
+def test_a_killed_daemon_takes_everything_with_it_and_quit_cleans_up(gxp, fuse_for_users):  # noqa: F811
+    """SIGKILL of the session daemon: agents, jobs (the head's own too) and the
+    mount go; `gxpc quit` then removes what the daemon left on disk."""
+    from gxpstyle import session as gxsession
+    gxp.ok("explore", "--local", "2")
+    top = os.path.dirname(gxp.session_dir)
+    export, mnt = top + "/export", top + "/mnt"
+    gxp.ok("e", "--hosts", "head", "mkdir -p %s %s" % (export, mnt))
+    gxp.ok("mount", export, mnt)
+    marker = "sleep 1%d" % os.getpid()
+    e = gxp.popen("e", marker)
+    deadline = time.monotonic() + 15
+    while len(_user_pids(gxp, "^" + marker)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(_user_pids(gxp, "^" + marker)) == 3
+    os.kill(gxp.daemon_pids()[0], signal.SIGKILL)
+    e.wait(timeout=15)
+    assert e.returncode != 0
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        left = gxp.agent_pids() + _user_pids(gxp, "^" + marker)
+        with open("/proc/mounts") as f:
+            mounted = mnt in f.read()
+        if not left and not mounted:
+            break
+        time.sleep(0.2)
+    assert left == [] and not mounted
+    r = gxp.run("quit")
+    assert r.returncode == 0 and "daemon had died" in r.stderr, r.stderr
+    assert not os.path.exists(gxp.session_dir)
+    tag = "gxp-%s-" % gxsession.session_name(gxp.session_dir)[:12]
+    assert [d for d in os.listdir("/tmp") if d.startswith(tag)] == []
