@@ -31,7 +31,8 @@ must be on the session's GMount (gxpc mount) unless every node is a local agent
 and says so once.
 """
 
-JOB_SHELL_FLAGS = "-m make_backend.job_shell --target $@ --inputs $^ -c"
+# No name in here: a target is data, never a word of a command line.
+JOB_SHELL_FLAGS = "-m make_backend.job_shell $(if $@,--recipe) -c"
 
 
 class MakeUsage(Exception):
