@@ -12,7 +12,9 @@ import shutil
 import signal
 import subprocess
 import sys
-from typing import Any, Dict, List, Optional
+import tempfile
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 USAGE = """\
 usage: gxpc make [--local] [MAKE-ARGUMENTS...]
@@ -88,9 +90,35 @@ def plan(stat: Dict[str, Any], cwd: str) -> str:
     return "remote"
 
 
-def run_make(argv: List[str], env: Dict[str, str]) -> int:
+def hook_for(make: str) -> Optional[Tuple[str, str]]:
+    """(shim, client) when this make can be hooked: it spawns recipes with
+    posix_spawn (GNU make 4.3 and later) and the hook is built or buildable."""
+    if os.environ.get("GXP_MAKE_HOOK") == "shell":   # the Python job shell, on purpose
+        return None
+    try:
+        with open(make, "rb") as f:
+            if b"posix_spawn" not in f.read():
+                return None
+    except OSError:
+        return None
+    from make_backend import hook_build
+    return hook_build.find_or_build()
+
+
+def hook_env(env: Dict[str, str], make: str, shim: str, client: str, relay: str) -> None:
+    """What the shim reads (and hides from make) in make's environment."""
+    old = env.get("LD_PRELOAD")
+    if old is not None:
+        env["GXP_MAKE_OLD_PRELOAD"] = old
+    env["LD_PRELOAD"] = shim + (" " + old if old else "")
+    env.update(GXP_MAKE_EXE=make, GXP_MAKE_RELAY=relay, GXP_MAKE_CLIENT=client)
+
+
+def run_make(argv: List[str], env: Dict[str, str],
+             serve: Optional[Callable[[int], None]] = None) -> int:
     """Run make in our process group (Ctrl-C reaches it and every recipe shell
-    directly); pass on SIGTERM/SIGHUP; return its exit status as a shell would."""
+    directly); pass on SIGTERM/SIGHUP; return its exit status as a shell would.
+    With `serve`, it runs here until make exits (given a fd that then reads)."""
     proc = subprocess.Popen(argv, env=env)
     seen: List[int] = []
 
@@ -104,6 +132,16 @@ def run_make(argv: List[str], env: Dict[str, str]) -> int:
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
+        if serve is not None:
+            r, w = os.pipe()
+            waiter = threading.Thread(target=lambda: (proc.wait(), os.write(w, b"x")), daemon=True)
+            waiter.start()
+            try:
+                serve(r)
+            finally:
+                waiter.join()
+                os.close(r)
+                os.close(w)
         while True:
             try:
                 rc = proc.wait()
@@ -138,7 +176,20 @@ def main(client: Optional[Any], session_dir: str, args: List[str]) -> int:
             where = plan(stat, os.getcwd())
             if where == "here":
                 sys.stderr.write("gxpc make: no node explored; recipes run on this machine\n")
-    if where == "remote":
+    if where != "remote":
+        return run_make(argv + make_args, env)
+    make = os.path.realpath(shutil.which(argv[0]) or argv[0])
+    hook = hook_for(make)
+    if hook is None:
         env["GXP_SESSION"] = session_dir
         argv += ["SHELL=" + sys.executable, ".SHELLFLAGS=" + JOB_SHELL_FLAGS]
-    return run_make(argv + make_args, env)
+        return run_make(argv + make_args, env)
+    from make_backend.relay import Relay
+    tmp = tempfile.mkdtemp(prefix="gxpmake-")
+    try:
+        path = os.path.join(tmp, "relay")
+        relay = Relay(client, path)
+        hook_env(env, make, hook[0], hook[1], path)
+        return run_make(argv + make_args, env, relay.serve)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

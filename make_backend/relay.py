@@ -1,0 +1,327 @@
+"""The per-make relay: one connection to the session for all of make's recipes.
+
+`gxpc make` runs it while make runs. Each recipe's `gxpmake-job` (hook_c.py)
+connects to its Unix socket and sends, as data, the exact command make would
+have run (argv), its cwd and environment, with make's stdin, stdout and stderr
+for that recipe; the relay asks the head's `job` verb for a node, writes the
+recipe's output straight into those fds (so `-O` and make's ordering hold),
+and answers the job's exit status. Signals the job gets are forwarded as kills.
+A recipe whose node is lost runs once more on another node; make sees only the
+final result.
+
+No name or argument is ever parsed by a shell here or on the head: the node's
+/bin/sh gets `exec 'argv0' 'argv1' ...`, each word single-quoted.
+
+Head side only; standard library.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import struct
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from make_backend.job_shell import HOST_BOUND
+
+EXIT_NO_RUN = 127
+MAX_REQUEST = 64 << 20
+_FDS = struct.calcsize("3i")
+
+
+def quote(word: bytes) -> str:
+    """One shell word that means exactly `word` (any bytes but NUL)."""
+    return "'" + word.decode("utf-8", "surrogateescape").replace("'", "'\\''") + "'"
+
+
+def node_command(argv: List[bytes]) -> str:
+    """What the node's /bin/sh runs: argv, exec'd as make would (PATH lookup of
+    argv[0] in the recipe's environment); a missing program is one line."""
+    words = " ".join(quote(w) for w in argv)
+    prog = quote(argv[0])
+    return ("command -v %s >/dev/null 2>&1 && exec %s; "
+            "printf 'gxpc make: %%s: no such program on node %%s\\n' %s \"$GXP_HOSTNAME\" >&2; "
+            "exit 127" % (prog, words, prog))
+
+
+def parse_request(data: bytes) -> Tuple[str, List[bytes], Dict[str, Optional[str]]]:
+    """(cwd, argv, env) from a gxpmake-job request (hook_c.py's CLIENT)."""
+    pos = 8
+    end = data.index(b"\0", pos)
+    cwd = data[pos:end]
+    pos = end + 1
+    argc, = struct.unpack_from("=I", data, pos)
+    pos += 4
+    words = []
+    for _ in range(argc):
+        end = data.index(b"\0", pos)
+        words.append(data[pos:end])
+        pos = end + 1
+    envc, = struct.unpack_from("=I", data, pos)
+    pos += 4
+    env: Dict[str, Optional[str]] = {}
+    for _ in range(envc):
+        end = data.index(b"\0", pos)
+        k, sep, v = data[pos:end].partition(b"=")
+        pos = end + 1
+        key = k.decode("utf-8", "surrogateescape")
+        if sep and key not in HOST_BOUND:
+            env[key] = v.decode("utf-8", "surrogateescape")
+    # words[0] is the program make resolved; the node looks argv[0] up itself
+    return cwd.decode("utf-8", "surrogateescape"), words[1:], env
+
+
+def label_of(argv: List[bytes]) -> str:
+    """How messages name a recipe: the first line of its command."""
+    text = argv[-1].decode("utf-8", "replace").strip().split("\n", 1)[0] if argv else ""
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class Recipe:
+    def __init__(self, conn: socket.socket, fds: List[int]) -> None:
+        self.conn = conn
+        self.fds = fds                      # make's stdin, stdout, stderr for it
+        self.buf = bytearray()
+        self.want = 0
+        self.cwd = ""
+        self.argv: List[bytes] = []
+        self.env: Dict[str, Optional[str]] = {}
+        self.req: Optional[int] = None
+        self.node: Optional[str] = None
+        self.name = ""
+        self.job: Optional[int] = None
+        self.avoid: List[str] = []
+        self.signals: List[int] = []
+        self.started = 0.0
+        self.out_bytes = 0
+
+
+class Relay:
+    """Serves gxpmake-job clients on `path` until make exits."""
+
+    def __init__(self, client: Any, path: str, joblog: Optional[Callable[..., None]] = None) -> None:
+        self.c = client                      # gxpstyle.client.Client, connected
+        self.path = path
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(1024)
+        self.listener.setblocking(False)
+        self.poll = select.poll()
+        self.poll.register(self.listener.fileno(), select.POLLIN)
+        self.poll.register(self.c.sock.fileno(), select.POLLIN)
+        self.by_fd: Dict[int, Recipe] = {}
+        self.by_req: Dict[int, Recipe] = {}
+        self.by_job: Dict[int, Recipe] = {}
+        self.joblog = joblog
+        self.dead = ""                       # why the session is gone, once it is
+
+    # -- clients ----------------------------------------------------------------
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            conn.setblocking(False)
+            r = Recipe(conn, [])
+            self.by_fd[conn.fileno()] = r
+            self.poll.register(conn.fileno(), select.POLLIN)
+
+    def _readable(self, r: Recipe) -> None:
+        try:
+            if not r.fds:
+                data, anc, _, _ = r.conn.recvmsg(1 << 16, socket.CMSG_LEN(_FDS))
+                for level, kind, payload in anc:
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                        r.fds = list(struct.unpack("3i", payload[:_FDS]))
+                if data and not r.fds:
+                    self._drop(r)
+                    return
+            else:
+                data = r.conn.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._client_gone(r)
+            return
+        if r.req is None and r.job is None and r.want >= 0:
+            r.buf += data
+            if len(r.buf) >= 8 and not r.want:
+                if r.buf[:4] != b"GXPJ":
+                    self._drop(r)
+                    return
+                r.want, = struct.unpack_from("=I", r.buf, 4)
+                if r.want > MAX_REQUEST:
+                    self._drop(r)
+                    return
+            if r.want and len(r.buf) >= r.want:
+                r.cwd, r.argv, r.env = parse_request(bytes(r.buf))
+                r.buf = bytearray()
+                r.want = -1
+                self._submit(r)
+            return
+        for sig in data:              # each byte: a signal the job got
+            self._signal(r, sig)
+
+    def _signal(self, r: Recipe, sig: int) -> None:
+        r.signals.append(sig)
+        if r.job is not None and r.node is not None:
+            kill = sig if len(r.signals) == 1 else int(signal.SIGKILL)
+            try:
+                self.c.send(r.node, {"op": "kill", "job": r.job, "sig": kill})
+            except OSError:
+                pass
+
+    def _client_gone(self, r: Recipe) -> None:
+        """make killed the client (or it died): the recipe must stop too."""
+        if r.job is not None and r.node is not None:
+            try:
+                self.c.send(r.node, {"op": "kill", "job": r.job, "sig": int(signal.SIGKILL)})
+            except OSError:
+                pass
+        self._drop(r)
+
+    def _drop(self, r: Recipe) -> None:
+        fd = r.conn.fileno()
+        if self.by_fd.pop(fd, None) is not None:
+            self.poll.unregister(fd)
+        if r.req is not None:
+            self.by_req.pop(r.req, None)
+            r.req = None
+        if r.job is not None:
+            self.by_job.pop(r.job, None)
+        r.conn.close()
+        for f in r.fds:
+            os.close(f)
+        r.fds = []
+
+    # -- the head -----------------------------------------------------------------
+    def _submit(self, r: Recipe) -> None:
+        if self.dead:
+            self._finish(r, EXIT_NO_RUN, self.dead)
+            return
+        args = {"cmd": node_command(r.argv), "cwd": r.cwd, "env": r.env, "avoid": r.avoid}
+        r.req = self.c.request("job", args)
+        self.by_req[r.req] = r
+        r.started = time.time()
+
+    def _from_head(self) -> None:
+        from gxpstyle import wire
+        try:
+            data = self.c.sock.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            raise ConnectionError("the session daemon closed the connection")
+        for frame in self.c.reader.feed(data):
+            _, src, body = wire.split_frame(frame)
+            self._message(src, wire.decode_message(body))
+
+    def _message(self, src: str, msg: Dict[str, Any]) -> None:
+        op = msg.get("op")
+        if op == "reply":
+            r = self.by_req.pop(msg["req"], None)
+            if r is None:
+                return
+            r.req = None
+            if msg["status"]:
+                self._finish(r, EXIT_NO_RUN, msg["result"].get("error", "no node for the recipe"))
+                return
+            res = msg["result"]
+            r.node, r.job, r.name = res["node"], res["job"], res["name"]
+            self.by_job[r.job] = r
+            if r.signals:
+                sig = r.signals.pop()
+                self._signal(r, sig)
+        elif op == "out":
+            r = self.by_job.get(msg["job"])
+            if r is not None and src == r.node and r.fds:
+                r.out_bytes += len(msg["data"])
+                _write_all(r.fds[msg["fd"]], msg["data"])
+        elif op == "exit":
+            r = self.by_job.get(msg["job"])
+            if r is None or src != r.node:
+                return
+            del self.by_job[r.job]
+            error = msg["error"]
+            if error.startswith("node lost") and not r.avoid and not r.signals:
+                self._say(r, "%s: %s on %s; running it again on another node" % (label_of(r.argv), error, r.name))
+                r.avoid.append(r.node)
+                r.node = r.job = None
+                self._submit(r)
+                return
+            self._finish(r, msg["status"], error)
+
+    def _say(self, r: Recipe, text: str) -> None:
+        if r.fds:
+            _write_all(r.fds[2], ("gxpc make: %s\n" % text).encode("utf-8", "replace"))
+
+    def _finish(self, r: Recipe, status: int, error: str) -> None:
+        if error and not error.startswith("killed by signal"):
+            where = " (on %s)" % r.name if r.name else ""
+            self._say(r, "%s: %s%s" % (label_of(r.argv), error, where))
+        if self.joblog is not None:
+            self.joblog(r, status, time.time())
+        try:
+            r.conn.setblocking(True)
+            r.conn.sendall(struct.pack("=i", status))
+        except OSError:
+            pass
+        self._drop(r)
+
+    def _session_gone(self, why: str) -> None:
+        self.dead = why
+        self.poll.unregister(self.c.sock.fileno())
+        for r in list(self.by_req.values()) + list(self.by_job.values()):
+            self._finish(r, EXIT_NO_RUN, why)
+
+    # -- the loop -----------------------------------------------------------------
+    def serve(self, done_fd: int) -> None:
+        """Until done_fd is readable (make exited); then stop what is left."""
+        self.poll.register(done_fd, select.POLLIN)
+        listen_fd, head_fd = self.listener.fileno(), self.c.sock.fileno()
+        try:
+            while True:
+                for fd, ev in self.poll.poll():
+                    if fd == done_fd:
+                        return
+                    if fd == listen_fd:
+                        self._accept()
+                    elif fd == head_fd:
+                        try:
+                            self._from_head()
+                        except (ConnectionError, OSError) as e:
+                            self._session_gone(str(e) or "the session daemon went away")
+                    else:
+                        r = self.by_fd.get(fd)
+                        if r is not None:
+                            self._readable(r)
+        finally:
+            for r in list(self.by_fd.values()):
+                self._client_gone(r)
+            self.listener.close()
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:
+            select.select([], [fd], [])
+            continue
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+        view = view[n:]
