@@ -21,8 +21,11 @@ from make_backend import hook_c
 SHIM, CLIENT = "libgxpmake.so", "gxpmake-job"
 
 
+HOW = "cc -O2; client -static when it links"   # part of the tag: a new way, a new build
+
+
 def _tag() -> str:
-    return hashlib.sha256((hook_c.SHIM + hook_c.CLIENT).encode()).hexdigest()[:12]
+    return hashlib.sha256((HOW + hook_c.SHIM + hook_c.CLIENT).encode()).hexdigest()[:12]
 
 
 def install_dir() -> str:
@@ -61,9 +64,15 @@ def build(dest: str) -> Tuple[str, str]:
             c_file = os.path.join(tmp, name + ".c")
             with open(c_file, "w") as f:
                 f.write(src)
-            r = subprocess.run([cc, "-O2", "-o", os.path.join(tmp, name), c_file] + extra
-                               + (["-ldl"] if name == SHIM else []),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            argv = [cc, "-O2", "-o", os.path.join(tmp, name), c_file] + extra
+            if name == SHIM:
+                argv.append("-ldl")
+            else:   # static when libc allows: it starts in 0.3 ms of CPU, not 0.5
+                r = subprocess.run(argv + ["-static"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                if r.returncode == 0:
+                    os.unlink(c_file)
+                    continue
+            r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             if r.returncode != 0:
                 raise OSError("%s failed: %s" % (cc, r.stdout.decode(errors="replace").strip()[:300]))
             os.unlink(c_file)
@@ -77,6 +86,10 @@ def build(dest: str) -> Tuple[str, str]:
         shutil.rmtree(tmp, ignore_errors=True)
     found = _complete(dest)
     assert found is not None
+    prefix = os.path.basename(dest).rsplit("-", 1)[0] + "-"
+    for old in os.listdir(parent):   # builds of older sources
+        if old.startswith(prefix) and os.path.join(parent, old) != dest:
+            shutil.rmtree(os.path.join(parent, old), ignore_errors=True)
     return found
 
 

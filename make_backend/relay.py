@@ -38,7 +38,11 @@ def quote(word: bytes) -> str:
 
 def node_command(argv: List[bytes]) -> str:
     """What the node's /bin/sh runs: argv, exec'd as make would (PATH lookup of
-    argv[0] in the recipe's environment); a missing program is one line."""
+    argv[0] in the recipe's environment); a missing program is one line.
+    make's default `/bin/sh -c RECIPE` is what the node runs anyway: the recipe
+    goes as it is, one exec fewer."""
+    if len(argv) == 3 and argv[0] == b"/bin/sh" and argv[1] == b"-c":
+        return argv[2].decode("utf-8", "surrogateescape")
     words = " ".join(quote(w) for w in argv)
     prog = quote(argv[0])
     return ("command -v %s >/dev/null 2>&1 && exec %s; "
@@ -116,6 +120,8 @@ class Relay:
         self.by_job: Dict[int, Recipe] = {}
         self.joblog = joblog
         self.dead = ""                       # why the session is gone, once it is
+        self.base_env: Optional[Dict[str, Optional[str]]] = None   # sent once (`env` verb)
+        self.out = bytearray()               # frames to the head, sent once per poll round
 
     # -- clients ----------------------------------------------------------------
     def _accept(self) -> None:
@@ -171,18 +177,12 @@ class Relay:
         r.signals.append(sig)
         if r.job is not None and r.node is not None:
             kill = sig if len(r.signals) == 1 else int(signal.SIGKILL)
-            try:
-                self.c.send(r.node, {"op": "kill", "job": r.job, "sig": kill})
-            except OSError:
-                pass
+            self._send(r.node, {"op": "kill", "job": r.job, "sig": kill})
 
     def _client_gone(self, r: Recipe) -> None:
         """make killed the client (or it died): the recipe must stop too."""
         if r.job is not None and r.node is not None:
-            try:
-                self.c.send(r.node, {"op": "kill", "job": r.job, "sig": int(signal.SIGKILL)})
-            except OSError:
-                pass
+            self._send(r.node, {"op": "kill", "job": r.job, "sig": int(signal.SIGKILL)})
         self._drop(r)
 
     def _drop(self, r: Recipe) -> None:
@@ -204,10 +204,35 @@ class Relay:
         if self.dead:
             self._finish(r, EXIT_NO_RUN, self.dead)
             return
-        args = {"cmd": node_command(r.argv), "cwd": r.cwd, "env": r.env, "avoid": r.avoid}
-        r.req = self.c.request("job", args)
+        if self.base_env is None:
+            self.base_env = dict(r.env)
+            self._request("env", {"env": self.base_env})
+        base = self.base_env
+        diff: Dict[str, Optional[str]] = {k: v for k, v in r.env.items() if base.get(k) != v}
+        diff.update((k, None) for k in base if k not in r.env)
+        args = {"cmd": node_command(r.argv), "cwd": r.cwd, "env": diff, "avoid": r.avoid}
+        r.req = self._request("job", args)
         self.by_req[r.req] = r
         r.started = time.time()
+
+    def _request(self, cmd: str, args: Dict[str, Any]) -> int:
+        from gxpstyle import wire
+        self.c.req += 1
+        self.out += wire.encode_frame(wire.HEAD, "c", {"op": "request", "req": self.c.req,
+                                                       "cmd": cmd, "args": args})
+        return self.c.req
+
+    def _send(self, node: str, msg: Dict[str, Any]) -> None:
+        from gxpstyle import wire
+        self.out += wire.encode_frame(node, "c", msg)
+
+    def _flush(self) -> None:
+        if self.out and not self.dead:
+            data, self.out = bytes(self.out), bytearray()
+            try:
+                self.c.sock.sendall(data)
+            except OSError as e:
+                self._session_gone("the session daemon went away (%s)" % (e.strerror or e))
 
     def _from_head(self) -> None:
         from gxpstyle import wire
@@ -276,7 +301,10 @@ class Relay:
         self._drop(r)
 
     def _session_gone(self, why: str) -> None:
+        if self.dead:
+            return
         self.dead = why
+        self.out = bytearray()
         self.poll.unregister(self.c.sock.fileno())
         for r in list(self.by_req.values()) + list(self.by_job.values()):
             self._finish(r, EXIT_NO_RUN, why)
@@ -302,9 +330,11 @@ class Relay:
                         r = self.by_fd.get(fd)
                         if r is not None:
                             self._readable(r)
+                self._flush()
         finally:
             for r in list(self.by_fd.values()):
                 self._client_gone(r)
+            self._flush()
             self.listener.close()
             try:
                 os.unlink(self.path)
