@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from gxpstyle.schema import ListOf, MapOf, Opt, Rec, Str
+from gxpstyle.schema import Bool, ListOf, MapOf, Opt, Rec, Str
 from gxpstyle.services import Service, Verb
 from make_backend.scheduler import MakeScheduler
 
@@ -20,7 +20,7 @@ _ENV = MapOf(Opt(Str(1 << 20)), 1 << 14)
 JOB_ARGS = Rec({"cmd": Str(1 << 20)},
                {"cwd": Opt(Str(4096)), "env": _ENV,
                 "target": _PATH, "inputs": ListOf(_PATH, 1 << 16),
-                "avoid": ListOf(Str(200), 4096)})
+                "avoid": ListOf(Str(200), 4096), "stdin": Bool()})
 # Once per make (per client): the environment most of its recipes share.
 ENV_ARGS = Rec({"env": _ENV})
 
@@ -62,7 +62,7 @@ class MakeService(Service):
         head.reply(cid, req, 0, {"job": job, "node": nid, "name": name})
         self.scheduler.started((cid, job), nid)
         head.job_table.start(self, cid, job, [nid], args["cmd"], lambda n, i: env,
-                        lambda n: args.get("cwd"))
+                             lambda n: args.get("cwd"), stdin=bool(args.get("stdin")))
 
     def job_done(self, client: str, job: int, node: str, status: int, error: str) -> None:
         self.scheduler.finished((client, job))

@@ -20,6 +20,7 @@ import os
 import select
 import signal
 import socket
+import stat
 import struct
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -100,6 +101,8 @@ class Recipe:
         self.signals: List[int] = []
         self.started = 0.0
         self.out_bytes = 0
+        self.want_stdin = False             # make gave it a stdin worth reading
+        self.stdin = False                  # which we are reading for the job now
 
 
 class Relay:
@@ -118,6 +121,7 @@ class Relay:
         self.by_fd: Dict[int, Recipe] = {}
         self.by_req: Dict[int, Recipe] = {}
         self.by_job: Dict[int, Recipe] = {}
+        self.by_stdin: Dict[int, Recipe] = {}
         self.joblog = joblog
         self.dead = ""                       # why the session is gone, once it is
         self.base_env: Optional[Dict[str, Optional[str]]] = None   # sent once (`env` verb)
@@ -186,6 +190,7 @@ class Relay:
         self._drop(r)
 
     def _drop(self, r: Recipe) -> None:
+        self._stop_stdin(r)
         fd = r.conn.fileno()
         if self.by_fd.pop(fd, None) is not None:
             self.poll.unregister(fd)
@@ -200,6 +205,41 @@ class Relay:
         r.fds = []
 
     # -- the head -----------------------------------------------------------------
+    def _wants_stdin(self, fd: int) -> bool:
+        """Does make give this recipe a stdin it could read? Not /dev/null, not
+        make's closed pipe (the other jobs of a -j make), not a terminal we do
+        not own (reading it would stop us)."""
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.stat(os.devnull).st_rdev:
+                return False
+            if os.isatty(fd) and os.tcgetpgrp(fd) != os.getpgrp():
+                return False
+        except OSError:
+            return False
+        p = select.poll()
+        p.register(fd, select.POLLIN)
+        ev = p.poll(0)
+        return not (ev and ev[0][1] & select.POLLHUP and not ev[0][1] & select.POLLIN)
+
+    def _stdin_readable(self, r: Recipe) -> None:
+        try:
+            data = os.read(r.fds[0], 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if r.node is not None and r.job is not None:
+            self._send(r.node, {"op": "stdin", "job": r.job, "data": data, "eof": not data})
+        if not data:
+            self._stop_stdin(r)
+
+    def _stop_stdin(self, r: Recipe) -> None:
+        if r.stdin:
+            r.stdin = False
+            self.by_stdin.pop(r.fds[0], None)
+            self.poll.unregister(r.fds[0])
+
     def _submit(self, r: Recipe) -> None:
         if self.dead:
             self._finish(r, EXIT_NO_RUN, self.dead)
@@ -211,6 +251,8 @@ class Relay:
         diff: Dict[str, Optional[str]] = {k: v for k, v in r.env.items() if base.get(k) != v}
         diff.update((k, None) for k in base if k not in r.env)
         args = {"cmd": node_command(r.argv), "cwd": r.cwd, "env": diff, "avoid": r.avoid}
+        if r.fds and self._wants_stdin(r.fds[0]):
+            r.want_stdin = args["stdin"] = True
         r.req = self._request("job", args)
         self.by_req[r.req] = r
         r.started = time.time()
@@ -261,6 +303,10 @@ class Relay:
             res = msg["result"]
             r.node, r.job, r.name = res["node"], res["job"], res["name"]
             self.by_job[r.job] = r
+            if r.want_stdin and not r.stdin and r.fds:
+                r.stdin = True
+                self.by_stdin[r.fds[0]] = r
+                self.poll.register(r.fds[0], select.POLLIN)
             if r.signals:
                 sig = r.signals.pop()
                 self._signal(r, sig)
@@ -330,6 +376,8 @@ class Relay:
                         r = self.by_fd.get(fd)
                         if r is not None:
                             self._readable(r)
+                        elif fd in self.by_stdin:
+                            self._stdin_readable(self.by_stdin[fd])
                 self._flush()
         finally:
             for r in list(self.by_fd.values()):
