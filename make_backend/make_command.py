@@ -17,15 +17,19 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 USAGE = """\
-usage: gxpc make [--local] [MAKE-ARGUMENTS...]
+usage: gxpc make [--local] [--joblog FILE] [MAKE-ARGUMENTS...]
 
 Run GNU make here, with each recipe on one of the session's nodes (chosen by the
-head). Every argument but --local goes to make unchanged: -j N, -k, -n, -f FILE,
+head). Every other argument goes to make unchanged: -j N, -k, -n, -f FILE,
 targets, VAR=value (see make --help). Recipe output and the exit status are
-make's own.
+make's own. On a terminal, stderr shows a progress line (recipes done, running,
+waiting for a node; nodes busy).
 
-  --local     run every recipe on this machine (plain make)
-  -h, --help  show this help
+  --local         run every recipe on this machine (plain make)
+  --joblog FILE   one line per recipe run on a node, tab-separated: recipe (its
+                  command's first line), node, start and end (seconds since the
+                  epoch), exit status, bytes of output
+  -h, --help      show this help
 
 Recipes run under the same directory on their node, so the working directory
 must be on the session's GMount (gxpc mount) unless every node is a local agent
@@ -41,21 +45,51 @@ class MakeUsage(Exception):
     pass
 
 
-def split_own_options(args: List[str]) -> "tuple[bool, bool, List[str]]":
-    """(help, local, make's arguments): ours are taken only before a `--`."""
-    help_, local, rest = False, False, []
+class Options:
+    def __init__(self) -> None:
+        self.help = False
+        self.local = False
+        self.joblog: Optional[str] = None
+        self.make_args: List[str] = []
+
+
+def split_own_options(args: List[str]) -> Options:
+    """Ours, and make's arguments: ours are taken only before a `--`."""
+    o = Options()
     own = True
-    for a in args:
+    i = 0
+    while i < len(args):
+        a = args[i]
+        i += 1
         if own and a == "--":
             own = False
-            continue
-        if own and a in ("-h", "--help"):
-            help_ = True
+        elif own and a in ("-h", "--help"):
+            o.help = True
         elif own and a == "--local":
-            local = True
+            o.local = True
+        elif own and (a == "--joblog" or a.startswith("--joblog=")):
+            if a == "--joblog":
+                if i >= len(args):
+                    raise MakeUsage("--joblog needs a file name")
+                a, i = args[i], i + 1
+            else:
+                a = a.split("=", 1)[1]
+            if not a:
+                raise MakeUsage("--joblog needs a file name")
+            o.joblog = a
         else:
-            rest.append(a)
-    return help_, local, rest
+            o.make_args.append(a)
+    return o
+
+
+def open_joblog(path: str) -> Any:
+    try:
+        f = open(path, "w", encoding="utf-8", errors="surrogateescape")
+    except OSError as e:
+        raise MakeUsage("cannot write the job log %s: %s" % (path, e.strerror))
+    f.write("#recipe\tnode\tstart\tend\tstatus\tbytes\n")
+    f.flush()
+    return f
 
 
 def make_program() -> str:
@@ -159,10 +193,21 @@ def run_make(argv: List[str], env: Dict[str, str],
 
 
 def main(client: Optional[Any], session_dir: str, args: List[str]) -> int:
-    help_, local, make_args = split_own_options(args)
-    if help_:
+    opts = split_own_options(args)
+    local, make_args = opts.local, opts.make_args
+    if opts.help:
         sys.stdout.write(USAGE)
         return 0
+    joblog = open_joblog(opts.joblog) if opts.joblog else None
+    try:
+        return _run(client, session_dir, local, make_args, joblog)
+    finally:
+        if joblog is not None:
+            joblog.close()
+
+
+def _run(client: Optional[Any], session_dir: str, local: bool, make_args: List[str],
+         joblog: Any) -> int:
     argv = [make_program()]
     env = dict(os.environ)
     where = "here"
@@ -177,10 +222,15 @@ def main(client: Optional[Any], session_dir: str, args: List[str]) -> int:
             if where == "here":
                 sys.stderr.write("gxpc make: no node explored; recipes run on this machine\n")
     if where != "remote":
+        if joblog is not None:
+            sys.stderr.write("gxpc make: no recipe runs on a node, so the job log stays empty\n")
         return run_make(argv + make_args, env)
     make = os.path.realpath(shutil.which(argv[0]) or argv[0])
     hook = hook_for(make)
     if hook is None:
+        if joblog is not None:
+            sys.stderr.write("gxpc make: the job log needs the compiled hook (no C compiler here); "
+                             "it stays empty\n")
         env["GXP_SESSION"] = session_dir
         argv += ["SHELL=" + sys.executable, ".SHELLFLAGS=" + JOB_SHELL_FLAGS]
         return run_make(argv + make_args, env)
@@ -188,7 +238,8 @@ def main(client: Optional[Any], session_dir: str, args: List[str]) -> int:
     tmp = tempfile.mkdtemp(prefix="gxpmake-")
     try:
         path = os.path.join(tmp, "relay")
-        relay = Relay(client, path)
+        progress = sys.stderr.fileno() if os.isatty(sys.stderr.fileno()) else None
+        relay = Relay(client, path, joblog, progress)
         hook_env(env, make, hook[0], hook[1], path)
         return run_make(argv + make_args, env, relay.serve)
     finally:

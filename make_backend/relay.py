@@ -23,7 +23,7 @@ import socket
 import stat
 import struct
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from make_backend.job_shell import HOST_BOUND
 
@@ -108,7 +108,8 @@ class Recipe:
 class Relay:
     """Serves gxpmake-job clients on `path` until make exits."""
 
-    def __init__(self, client: Any, path: str, joblog: Optional[Callable[..., None]] = None) -> None:
+    def __init__(self, client: Any, path: str, joblog: Any = None,
+                 progress_fd: Optional[int] = None) -> None:
         self.c = client                      # gxpstyle.client.Client, connected
         self.path = path
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -122,7 +123,11 @@ class Relay:
         self.by_req: Dict[int, Recipe] = {}
         self.by_job: Dict[int, Recipe] = {}
         self.by_stdin: Dict[int, Recipe] = {}
-        self.joblog = joblog
+        self.joblog = joblog                 # a text file (--joblog), or None
+        self.progress_fd = progress_fd       # a terminal for the progress line, or None
+        self.progress_shown = False
+        self.progress_at = 0.0
+        self.done = 0
         self.dead = ""                       # why the session is gone, once it is
         self.base_env: Optional[Dict[str, Optional[str]]] = None   # sent once (`env` verb)
         self.out = bytearray()               # frames to the head, sent once per poll round
@@ -314,6 +319,7 @@ class Relay:
             r = self.by_job.get(msg["job"])
             if r is not None and src == r.node and r.fds:
                 r.out_bytes += len(msg["data"])
+                self._clear_progress()
                 _write_all(r.fds[msg["fd"]], msg["data"])
         elif op == "exit":
             r = self.by_job.get(msg["job"])
@@ -330,6 +336,7 @@ class Relay:
             self._finish(r, msg["status"], error)
 
     def _say(self, r: Recipe, text: str) -> None:
+        self._clear_progress()
         if r.fds:
             _write_all(r.fds[2], ("gxpc make: %s\n" % text).encode("utf-8", "replace"))
 
@@ -337,14 +344,40 @@ class Relay:
         if error and not error.startswith("killed by signal"):
             where = " (on %s)" % r.name if r.name else ""
             self._say(r, "%s: %s%s" % (label_of(r.argv), error, where))
+        self.done += 1
         if self.joblog is not None:
-            self.joblog(r, status, time.time())
+            self._log(r, status, time.time())
         try:
             r.conn.setblocking(True)
             r.conn.sendall(struct.pack("=i", status))
         except OSError:
             pass
         self._drop(r)
+
+    def _log(self, r: Recipe, status: int, end: float) -> None:
+        recipe = label_of(r.argv).replace("\t", " ")
+        self.joblog.write("%s\t%s\t%.3f\t%.3f\t%d\t%d\n" % (recipe, r.name or "-", r.started, end,
+                                                           status, r.out_bytes))
+        self.joblog.flush()
+
+    def _progress(self, force_clear: bool = False) -> None:
+        if self.progress_fd is None:
+            return
+        now = time.monotonic()
+        if now - self.progress_at < 0.2:
+            return
+        self.progress_at = now
+        busy = len({r.node for r in self.by_job.values()})
+        line = ("\rgxpc make: %d done, %d running, %d waiting for a node, %d node%s busy\x1b[K"
+                % (self.done, len(self.by_job), len(self.by_req), busy, "" if busy == 1 else "s"))
+        _write_all(self.progress_fd, line.encode())
+        self.progress_shown = True
+
+    def _clear_progress(self) -> None:
+        if self.progress_shown and self.progress_fd is not None:
+            _write_all(self.progress_fd, b"\r\x1b[K")
+            self.progress_shown = False
+            self.progress_at = time.monotonic()
 
     def _session_gone(self, why: str) -> None:
         if self.dead:
@@ -361,8 +394,9 @@ class Relay:
         self.poll.register(done_fd, select.POLLIN)
         listen_fd, head_fd = self.listener.fileno(), self.c.sock.fileno()
         try:
+            timeout = 200 if self.progress_fd is not None else None
             while True:
-                for fd, ev in self.poll.poll():
+                for fd, ev in self.poll.poll(timeout):
                     if fd == done_fd:
                         return
                     if fd == listen_fd:
@@ -379,7 +413,9 @@ class Relay:
                         elif fd in self.by_stdin:
                             self._stdin_readable(self.by_stdin[fd])
                 self._flush()
+                self._progress()
         finally:
+            self._clear_progress()
             for r in list(self.by_fd.values()):
                 self._client_gone(r)
             self._flush()
