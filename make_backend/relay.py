@@ -250,11 +250,14 @@ class Relay:
             self._finish(r, EXIT_NO_RUN, self.dead)
             return
         if self.base_env is None:
-            self.base_env = dict(r.env)
+            # The node's agent has the environment the session started with: a
+            # variable make does not export (unexport, or unset since) is unset.
+            self.base_env = {k: None for k in os.environ if k not in HOST_BOUND}
+            self.base_env.update(r.env)
             self._request("env", {"env": self.base_env})
         base = self.base_env
         diff: Dict[str, Optional[str]] = {k: v for k, v in r.env.items() if base.get(k) != v}
-        diff.update((k, None) for k in base if k not in r.env)
+        diff.update((k, None) for k, v in base.items() if v is not None and k not in r.env)
         args = {"cmd": node_command(r.argv), "cwd": r.cwd, "env": diff, "avoid": r.avoid}
         if r.fds and self._wants_stdin(r.fds[0]):
             r.want_stdin = args["stdin"] = True
