@@ -51,8 +51,9 @@ def node_command(argv: List[bytes]) -> str:
             "exit 127" % (prog, words, prog))
 
 
-def parse_request(data: bytes) -> Tuple[str, List[bytes], Dict[str, Optional[str]]]:
-    """(cwd, argv, env) from a gxpmake-job request (hook_c.py's CLIENT)."""
+def parse_request(data: bytes) -> Tuple[str, List[bytes], bytes]:
+    """(cwd, argv, environment block) from a gxpmake-job request (hook_c.py's
+    CLIENT); the block is parsed by parse_env, once for every distinct block."""
     pos = 8
     end = data.index(b"\0", pos)
     cwd = data[pos:end]
@@ -64,18 +65,20 @@ def parse_request(data: bytes) -> Tuple[str, List[bytes], Dict[str, Optional[str
         end = data.index(b"\0", pos)
         words.append(data[pos:end])
         pos = end + 1
-    envc, = struct.unpack_from("=I", data, pos)
-    pos += 4
+    # words[0] is the program make resolved; the node looks argv[0] up itself
+    return cwd.decode("utf-8", "surrogateescape"), words[1:], data[pos:]
+
+
+def parse_env(block: bytes) -> Dict[str, Optional[str]]:
+    envc, = struct.unpack_from("=I", block, 0)
+    items = block[4:].split(b"\0")[:envc]
     env: Dict[str, Optional[str]] = {}
-    for _ in range(envc):
-        end = data.index(b"\0", pos)
-        k, sep, v = data[pos:end].partition(b"=")
-        pos = end + 1
+    for item in items:
+        k, sep, v = item.partition(b"=")
         key = k.decode("utf-8", "surrogateescape")
         if sep and key not in HOST_BOUND:
             env[key] = v.decode("utf-8", "surrogateescape")
-    # words[0] is the program make resolved; the node looks argv[0] up itself
-    return cwd.decode("utf-8", "surrogateescape"), words[1:], env
+    return env
 
 
 def label_of(argv: List[bytes]) -> str:
@@ -92,7 +95,7 @@ class Recipe:
         self.want = 0
         self.cwd = ""
         self.argv: List[bytes] = []
-        self.env: Dict[str, Optional[str]] = {}
+        self.env_block = b""
         self.req: Optional[int] = None
         self.node: Optional[str] = None
         self.name = ""
@@ -131,6 +134,7 @@ class Relay:
         self.dead = ""                       # why the session is gone, once it is
         self.base_env: Optional[Dict[str, Optional[str]]] = None   # sent once (`env` verb)
         self.out = bytearray()               # frames to the head, sent once per poll round
+        self.env_diffs: Dict[bytes, Dict[str, Optional[str]]] = {}
 
     # -- clients ----------------------------------------------------------------
     def _accept(self) -> None:
@@ -174,7 +178,7 @@ class Relay:
                     self._drop(r)
                     return
             if r.want and len(r.buf) >= r.want:
-                r.cwd, r.argv, r.env = parse_request(bytes(r.buf))
+                r.cwd, r.argv, r.env_block = parse_request(bytes(r.buf))
                 r.buf = bytearray()
                 r.want = -1
                 self._submit(r)
@@ -249,21 +253,34 @@ class Relay:
         if self.dead:
             self._finish(r, EXIT_NO_RUN, self.dead)
             return
-        if self.base_env is None:
-            # The node's agent has the environment the session started with: a
-            # variable make does not export (unexport, or unset since) is unset.
-            self.base_env = {k: None for k in os.environ if k not in HOST_BOUND}
-            self.base_env.update(r.env)
-            self._request("env", {"env": self.base_env})
-        base = self.base_env
-        diff: Dict[str, Optional[str]] = {k: v for k, v in r.env.items() if base.get(k) != v}
-        diff.update((k, None) for k, v in base.items() if v is not None and k not in r.env)
-        args = {"cmd": node_command(r.argv), "cwd": r.cwd, "env": diff, "avoid": r.avoid}
+        args = {"cmd": node_command(r.argv), "cwd": r.cwd, "env": self._env_diff(r.env_block),
+                "avoid": r.avoid}
         if r.fds and self._wants_stdin(r.fds[0]):
             r.want_stdin = args["stdin"] = True
         r.req = self._request("job", args)
         self.by_req[r.req] = r
         r.started = time.time()
+
+    def _env_diff(self, block: bytes) -> Dict[str, Optional[str]]:
+        """What this recipe's environment changes from the make's (sent once):
+        the recipes of one make level share one block, parsed once."""
+        diff = self.env_diffs.get(block)
+        if diff is not None:
+            return diff
+        env = parse_env(block)
+        if self.base_env is None:
+            # The node's agent has the environment the session started with: a
+            # variable make does not export (unexport, or unset since) is unset.
+            self.base_env = {k: None for k in os.environ if k not in HOST_BOUND}
+            self.base_env.update(env)
+            self._request("env", {"env": self.base_env})
+        base = self.base_env
+        diff = {k: v for k, v in env.items() if base.get(k) != v}
+        diff.update((k, None) for k, v in base.items() if v is not None and k not in env)
+        if len(self.env_diffs) >= 16:
+            self.env_diffs.clear()
+        self.env_diffs[block] = diff
+        return diff
 
     def _request(self, cmd: str, args: Dict[str, Any]) -> int:
         from gxpstyle import wire
