@@ -1,9 +1,12 @@
 """`gxpc make`: the real GNU make, with every recipe run on a node the head picks.
 
-We never read the makefile: make gets two command-line variables, SHELL (our
-job shell) and .SHELLFLAGS (which make expands per recipe, so each job carries
-its target and prerequisites), and every other argument unchanged. make's own
-output, messages and exit status are what the user sees.
+We never read the makefile and make gets every argument unchanged. A library
+preloaded into make alone (hook_c.py) turns each command make spawns for a
+recipe into a small client of this process's relay (relay.py), which runs it on
+a node: make's variables, environment, messages and exit status stay its own.
+Where the hook cannot be built or loaded (no C compiler, a make before 4.3),
+make gets SHELL and .SHELLFLAGS on its command line instead (job_shell.py):
+slower, and visible to the makefile.
 """
 from __future__ import annotations
 
