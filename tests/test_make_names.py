@@ -8,6 +8,8 @@ import os
 import pwd
 import subprocess
 
+import pytest
+
 from test_make import _tree, workdir  # noqa: F401  (workdir: a fixture)
 
 # Names make itself can hold in a rule (no blank, `|`, `;`, `:` or newline: make
@@ -35,25 +37,29 @@ def _case(gxp, d: str) -> None:
             os.chown(os.path.join(os.fsencode(d), n), pw.pw_uid, pw.pw_gid)
 
 
-def _run(gxp, argv, cwd):
+def _run(gxp, argv, cwd, env=None):
     """make's output as bytes: the names are not all UTF-8."""
     if gxp.user:
-        return gxp.bed.run_as(gxp.user, gxp._in_dir(cwd, argv), env=gxp.env(),
+        return gxp.bed.run_as(gxp.user, gxp._in_dir(cwd, argv), env=gxp.env(env),
                               capture_output=True, timeout=120)
-    return subprocess.run(argv, cwd=cwd, capture_output=True, timeout=120)
+    return subprocess.run(argv, cwd=cwd, capture_output=True, timeout=120,
+                          env=dict(os.environ, **gxp.env(env)))
 
 
 def _lines(out: bytes, d: str) -> list:
     return sorted(out.replace(os.fsencode(d), b"DIR").splitlines())
 
 
-def test_names_with_shell_metacharacters_are_data(gxp, workdir):  # noqa: F811
+# The compiled hook, and the Python job shell that replaces it where no C
+# compiler exists (GXP_MAKE_HOOK=shell chooses it).
+@pytest.mark.parametrize("hook", ["compiled", "shell"])
+def test_names_with_shell_metacharacters_are_data(gxp, workdir, hook):  # noqa: F811
     gxp.ok("explore", "--local", "2")
     plain, ours = os.path.join(workdir, "plain"), os.path.join(workdir, "ours")
     _case(gxp, plain)
     _case(gxp, ours)
     want = _run(gxp, ["make", "-j4"], plain)
-    got = _run(gxp, gxp.argv(["make", "-j4"]), ours)
+    got = _run(gxp, gxp.argv(["make", "-j4"]), ours, {"GXP_MAKE_HOOK": hook})
     assert want.returncode == 0, want.stderr
     assert got.returncode == 0, got.stderr
     assert _tree(ours) == _tree(plain)
