@@ -28,6 +28,12 @@ from typing import Any, Dict, List, Optional, Tuple
 from make_backend.job_shell import HOST_BOUND
 
 EXIT_NO_RUN = 127
+# Not copied from the head (they describe its login), except SHLVL: bash reads
+# SHLVL and SSH_CLIENT to decide whether sshd started it (then it sources
+# bashrc), so a recipe's bash must see make's SHLVL, and no SSH_* that make's
+# environment lacks (the node's agent has its own, from its ssh login).
+NOT_COPIED = HOST_BOUND - {"SHLVL"}
+LOGIN_ONLY = ("SSH_CLIENT", "SSH2_CLIENT", "SSH_CONNECTION", "SSH_TTY")
 MAX_REQUEST = 64 << 20
 _FDS = struct.calcsize("3i")
 
@@ -76,7 +82,7 @@ def parse_env(block: bytes) -> Dict[str, Optional[str]]:
     for item in items:
         k, sep, v = item.partition(b"=")
         key = k.decode("utf-8", "surrogateescape")
-        if sep and key not in HOST_BOUND:
+        if sep and key not in NOT_COPIED:
             env[key] = v.decode("utf-8", "surrogateescape")
     return env
 
@@ -271,7 +277,8 @@ class Relay:
         if self.base_env is None:
             # The node's agent has the environment the session started with: a
             # variable make does not export (unexport, or unset since) is unset.
-            self.base_env = {k: None for k in os.environ if k not in HOST_BOUND}
+            self.base_env = {k: None for k in os.environ if k not in NOT_COPIED}
+            self.base_env.update((k, None) for k in LOGIN_ONLY)
             self.base_env.update(env)
             self._request("env", {"env": self.base_env})
         base = self.base_env
