@@ -87,10 +87,11 @@ def parse_env(block: bytes) -> Dict[str, Optional[str]]:
     return env
 
 
-def label_of(argv: List[bytes]) -> str:
-    """How messages name a recipe: the first line of its command."""
+def label_of(argv: List[bytes], limit: int = 60) -> str:
+    """How messages (and the job log, with a larger limit) name a recipe: the
+    first line of its command."""
     text = argv[-1].decode("utf-8", "replace").strip().split("\n", 1)[0] if argv else ""
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class Recipe:
@@ -382,7 +383,7 @@ class Relay:
         self._drop(r)
 
     def _log(self, r: Recipe, status: int, end: float) -> None:
-        recipe = label_of(r.argv).replace("\t", " ")
+        recipe = label_of(r.argv, 4000).replace("\t", " ")
         self.joblog.write("%s\t%s\t%.3f\t%.3f\t%d\t%d\n" % (recipe, r.name or "-", r.started, end,
                                                            status, r.out_bytes))
         self.joblog.flush()
