@@ -79,6 +79,19 @@ __attribute__((constructor)) static void gxpmake_init(void) {
     active = 1;
 }
 
+static void forget_fa(const posix_spawn_file_actions_t *fa) {
+    for (int i = 0; i < FA_SLOTS; i++)
+        if (fa_key[i] == fa) fa_key[i] = NULL;
+}
+
+/* A new (or reused) file actions object dups nothing yet. */
+int posix_spawn_file_actions_init(posix_spawn_file_actions_t *fa) {
+    static int (*real)(posix_spawn_file_actions_t *);
+    if (!real) real = (int (*)(posix_spawn_file_actions_t *))dlsym(RTLD_NEXT, "posix_spawn_file_actions_init");
+    if (active) forget_fa(fa);
+    return real(fa);
+}
+
 int posix_spawn_file_actions_adddup2(posix_spawn_file_actions_t *fa, int fd, int newfd) {
     static dup2_fn real;
     if (!real) real = (dup2_fn)dlsym(RTLD_NEXT, "posix_spawn_file_actions_adddup2");

@@ -88,17 +88,34 @@ first:
 
 FLAGS = {
     "Makefile": """\
+WHEN := $(shell echo parse-time)
 all: x y sub
 x:
 \techo x > $@
 y: x
-\tcat x > $@; echo y-done
+\tcat x > $@; echo y-done $(WHEN) $(shell echo recipe-time)
 sub:
 \t$(MAKE) -C d
 """,
     "d/Makefile": """\
 leaf:
 \techo leaf > $@
+""",
+}
+
+IGNORING = {
+    "Makefile": """\
+.NOTPARALLEL:
+.DELETE_ON_ERROR:
+all: one two three
+one:
+\t-exit 4
+\techo one > $@
+two:
+\techo partial > $@; false
+\techo not reached
+three:
+\t@echo three > $@
 """,
 }
 
@@ -118,6 +135,8 @@ CASES = [
     ("t", FLAGS, ["-t"], None),
     ("O", FLAGS, ["-O", "-j4"], None),
     ("trace", FLAGS, ["--trace"], None),
+    ("i", IGNORING, ["-i", "-j3"], None),
+    ("k-notparallel", IGNORING, ["-k", "-j3"], None),
 ]
 
 
