@@ -51,3 +51,20 @@ def test_a_request_parses_back():
     cwd, argv, block = parse_request(data)
     assert cwd == "/w/caf\udce9" and argv == [b"bash", b"-c", b"a\nb"]
     assert parse_env(block) == {"A": "1", "EMPTY": "", "SHLVL": "2", "B": "x=y"}
+
+
+def test_the_hook_builds_where_a_compiler_is_and_falls_back_where_none_is(tmp_path, monkeypatch):
+    from make_backend import hook_build
+    monkeypatch.setattr(hook_build, "install_dir", lambda: str(tmp_path / "venv" / "hook"))
+    monkeypatch.setattr(hook_build, "cache_dir", lambda: str(tmp_path / "cache" / "hook-1"))
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert hook_build.find_or_build() is None          # gxpc make then uses job_shell.py
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    if hook_build.compiler() is None:
+        return
+    shim, client = hook_build.find_or_build()
+    assert shim.startswith(str(tmp_path / "cache")) and os.path.isfile(shim)
+    r = subprocess.run([client], capture_output=True, text=True)
+    assert r.returncode == 127 and r.stderr == "gxpc make: gxpmake-job is started by gxpc make only\n"
+    assert hook_build.find_or_build() == (shim, client)   # built once
