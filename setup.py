@@ -7,7 +7,9 @@ setup(
     packages=["gxpstyle", "sshfsmux", "make_backend"],
     python_requires=">=3.8",
     install_requires=["paramiko>=3.0", "PyYAML>=6.0", "mfusepy>=1.0"],
-    extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
+    # ruff's rules change between 0.x releases; mypy 1.16 is the last release that
+    # checks against Python 3.8 (pyproject.toml has both configurations).
+    extras_require={"test": ["pytest>=7", "hypothesis>=6", "ruff>=0.17,<0.18", "mypy>=1.16,<1.17"]},
     entry_points={
         "console_scripts": ["gxpc = gxpstyle.cli:main", "sshfsm = sshfsmux.sshfsm:main"],
         # Services the session daemon loads (gxpstyle/services.py) and their

@@ -102,7 +102,8 @@ class ExploreBench(Bench):
         r = self.bed.run_as(self.user.name, ["python3", "-c", ANCHOR, mode, kind] + [str(a) for a in args],
                             capture_output=True, text=True, timeout=CALL_TIMEOUT)
         if r.returncode != 0:
-            raise BenchError("anchor %s %s failed (%d): %s%s" % (mode, kind, r.returncode, r.stdout, r.stderr))
+            raise BenchError("anchor %s %s failed (%d): %s%s"
+                             % (mode, kind, r.returncode, r.stdout, r.stderr))
         b1 = cpu_busy()
         dt = float(r.stdout.split()[-1])
         if key:
@@ -261,8 +262,8 @@ class ExploreBench(Bench):
         out.append("%-*s %-18s %10s %10s %8s" % (w, "case", "anchor", "anchor s", "ours s", "ratio"))
         out.append("-" * (w + 50))
         for case, what, a, o in self.rows():
-            out.append("%-*s %-18s %10s %10s %8s" % (w, case, what, value_text("%.3f", a), value_text("%.3f", o),
-                                                      ratio_text(a, o)))
+            out.append("%-*s %-18s %10s %10s %8s" % (w, case, what, value_text("%.3f", a),
+                                                      value_text("%.3f", o), ratio_text(a, o)))
         out.append("")
         out.append("where the time goes (medians; machine has %d CPUs; busy = share of all CPUs while timed):"
                    % os.cpu_count())
@@ -274,14 +275,15 @@ class ExploreBench(Bench):
             if c.startswith("deep"):
                 anchor = "hosts32 ssh par"
             ac = self.med(anchor + " cpu s")
-            out.append("  %-9s explore %.2fs busy %3.0f%% cpu %.2fs (per agent %.0f ms; one agent's own cpu %.0f ms)"
-                       "; anchor %s busy %3.0f%% cpu %.2fs"
+            out.append("  %-9s explore %.2fs busy %3.0f%% cpu %.2fs (per agent %.0f ms; "
+                       "one agent's own cpu %.0f ms); anchor %s busy %3.0f%% cpu %.2fs"
                        % (c, self.med(c + " explore"), 100 * self.med(c + " explore busy"),
                           self.med(c + " explore cpu s"),
                           1000 * self.med(c + " explore cpu s") / max(1, self.info.get(c + " nodes", 1) - 1),
                           1000 * (self.med(c + " agent cpu") or 0),
                           anchor.split(" ", 1)[1], 100 * (self.med(anchor + " busy") or 0), ac or 0))
-            out.append("  %-9s session start (use) %.3fs, stat %.3fs, quit %.3fs, processes gone %.3fs after quit"
+            out.append("  %-9s session start (use) %.3fs, stat %.3fs, quit %.3fs, "
+                       "processes gone %.3fs after quit"
                        % ("", self.med(c + " session start") or 0, self.med(c + " stat") or 0,
                           self.med(c + " quit") or 0, self.med(c + " quit drained") or 0))
         out.append("  reps %d; `e true` runs per session %d; anchors time themselves inside one helper "
@@ -306,9 +308,9 @@ class ExploreBench(Bench):
         rel = None
         if a8 and a32 and t8 and t32:
             rel = growth / (a32 / a8)
-            out.append("  for scale: parallel ssh itself costs x%.2f from 8 to 32 hosts here (every host shares "
-                       "this machine's %d CPUs); ours/parallel-ssh goes %.2f -> %.2f, i.e. ours grows x%.2f "
-                       "more than the anchor (< x1.25: %s)"
+            out.append("  for scale: parallel ssh itself costs x%.2f from 8 to 32 hosts here "
+                       "(every host shares this machine's %d CPUs); ours/parallel-ssh goes "
+                       "%.2f -> %.2f, i.e. ours grows x%.2f more than the anchor (< x1.25: %s)"
                        % (a32 / a8, os.cpu_count(), t8 / a8, t32 / a32, rel, "yes" if rel < 1.25 else "NO"))
         if deep["deep32f4"] is not None and deep["hosts32"] is not None and d["deep32f4"] and d["hosts32"]:
             per = (deep["deep32f4"] - deep["hosts32"]) / max(1, d["deep32f4"] - d["hosts32"])

@@ -95,9 +95,9 @@ def main(argv=None) -> int:
         mounted.append(omnt)
         for rep in range(a.reps):
             for name, d in (("local", src), ("bindfs", bmnt), ("sshfsm", omnt)):
-                for case, fn in (("read8 MB/s", lambda: read_all(d, READERS)),
-                                 ("read1 MB/s", lambda: read_all(d, 1)),
-                                 ("stat /s", lambda: stat_all(d))):
+                for case, fn in (("read8 MB/s", lambda d=d: read_all(d, READERS)),
+                                 ("read1 MB/s", lambda d=d: read_all(d, 1)),
+                                 ("stat /s", lambda d=d: stat_all(d))):
                     drop_caches()
                     samples.setdefault((case, name), []).append(fn())
             print("  rep %d done" % (rep + 1), file=sys.stderr)

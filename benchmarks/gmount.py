@@ -129,7 +129,7 @@ class GMountBench(Bench):
                 # anchor: all-to-one with plain tools
                 spec = "%s:%s" % (A2O_SERVER, server_dir)
                 self.anchor_mounted = list(names)
-                self.add(c + " ssh sshfs", self.timed(c + " ssh sshfs", lambda: self.anchor(
+                self.add(c + " ssh sshfs", self.timed(c + " ssh sshfs", lambda spec=spec: self.anchor(
                     "sshfs %s %s </dev/null >/dev/null 2>&1" % (spec, amnt), names)))
                 got = self.mounted_on(names, amnt)
                 if sorted(got) != sorted(names):
@@ -165,9 +165,11 @@ class GMountBench(Bench):
                 dt, _ = self.timed(c + " e", lambda: self.gxpc("e", "true"))
                 self.add(c + " e", dt)
                 self.log("  rep %d %-7s mount %.2fs umount %.2fs  (ssh+sshfs par %.2fs, fusermount par %.2fs;"
-                         " e true %.2fs)" % (rep + 1, c, self.samples[key][-1], self.samples[c + " umount"][-1],
+                         " e true %.2fs)" % (rep + 1, c, self.samples[key][-1],
+                                             self.samples[c + " umount"][-1],
                                              self.samples[c + " ssh sshfs"][-1],
-                                             self.samples[c + " ssh fusermount"][-1], self.samples[c + " e"][-1]))
+                                             self.samples[c + " ssh fusermount"][-1],
+                                             self.samples[c + " e"][-1]))
         finally:
             self.close_session()
 
@@ -182,7 +184,8 @@ class GMountBench(Bench):
             if self.gmounted:
                 dt, r = self.gxpc("umount", check=False)
                 if r.returncode != 0:
-                    self.odd.append("gxpc umount exited %d: %s" % (r.returncode, (r.stderr or r.stdout).strip()))
+                    self.odd.append("gxpc umount exited %d: %s"
+                                    % (r.returncode, (r.stderr or r.stdout).strip()))
                 self.gmounted = None
             self.quit_session()
         finally:
@@ -232,7 +235,8 @@ class GMountBench(Bench):
         o.append("  (ratio = ours / anchor, lower is better; medians over %d reps, 'mount' over reps 2..%d)"
                  % (self.a.reps, self.a.reps))
         o.append("")
-        o.append("where the time goes (machine has %d CPUs; busy = share of all CPUs while timed):" % os.cpu_count())
+        o.append("where the time goes (machine has %d CPUs; busy = share of all CPUs while timed):"
+                 % os.cpu_count())
         for n in HOST_CASES:
             c = "hosts%d" % n
             parts = []

@@ -374,10 +374,12 @@ class MountBench(Bench):
             self.head_mount(kind, spec, mp)
             self.drop_caches()
             b = self.snap()
-            self.add("large %s read" % kind, rate(self.dd_head(mp + "/big", "/dev/null", None, kind + " read")))
+            self.add("large %s read" % kind,
+                     rate(self.dd_head(mp + "/big", "/dev/null", None, kind + " read")))
             self.account("large %s read" % kind, b)
             msg = "  rep %d large %-5s: write %.1f MB/s, first read %.1f MB/s" % (
-                rep + 1, kind, self.samples["large %s write" % kind][-1], self.samples["large %s read" % kind][-1])
+                rep + 1, kind, self.samples["large %s write" % kind][-1],
+                self.samples["large %s read" % kind][-1])
             if kind == "ours":
                 r = self.as_user(["getfattr", "--only-values", "-n", "user.sshfsmux.location", mp + "/big"],
                                  check=False)
@@ -387,7 +389,8 @@ class MountBench(Bench):
                                     % (r.stdout.strip(), HEAD))
                 self.drop_caches()
                 b = self.snap()
-                self.add("large ours reread", rate(self.dd_head(mp + "/big", "/dev/null", None, "ours re-read")))
+                self.add("large ours reread",
+                         rate(self.dd_head(mp + "/big", "/dev/null", None, "ours re-read")))
                 self.account("large ours reread", b)
                 msg += ", re-read (replica) %.1f MB/s" % self.samples["large ours reread"][-1]
             self.head_umount(mp)
@@ -397,7 +400,8 @@ class MountBench(Bench):
     # -- metadata -------------------------------------------------------------
     def meta_pass(self, key: str, mode: str, d: str) -> None:
         b = self.snap()
-        r = self.as_user(["python3", self.tool, mode, d, str(self.a.files)], timeout=1800, what=mode + " " + d)
+        r = self.as_user(["python3", self.tool, mode, d, str(self.a.files)], timeout=1800,
+                         what=mode + " " + d)
         dt = float(r.stdout.split()[-1])
         self.account(key, b)
         self.add(key, self.a.files / dt)
@@ -470,13 +474,15 @@ class MountBench(Bench):
         self.gxpc("e", "mkdir -p %s %s" % (export, mnt))
         files = {k: "big-%s-%d" % (k, rep) for k in ("tls", "none", "sshfs")}
         for f in files.values():
-            self.e_on(DIRECT_FROM, "dd if=%s of=%s/%s bs=1M count=%d conv=fsync 2>&1" % (self.src, export, f, D))
+            self.e_on(DIRECT_FROM, "dd if=%s of=%s/%s bs=1M count=%d conv=fsync 2>&1"
+                      % (self.src, export, f, D))
         timeout = max(CALL_TIMEOUT, D * 2)
         for kind, opts in (("tls", []), ("none", ["-o", "cipher=none"])):
             self.gmount(export, mnt, *opts)
             self.drop_caches()
             b = self.snap()
-            r = self.e_on(DIRECT_TO, "dd if=%s/%s of=/dev/null bs=1M 2>&1" % (mnt, files[kind]), timeout=timeout)
+            r = self.e_on(DIRECT_TO, "dd if=%s/%s of=/dev/null bs=1M 2>&1" % (mnt, files[kind]),
+                          timeout=timeout)
             self.account("direct " + kind, b)
             self.add("direct " + kind, mb / dd_seconds(r, "direct %s read" % kind))
             self.gumount(mnt)
@@ -510,7 +516,8 @@ class MountBench(Bench):
             if len(p) == 3:
                 rows[host] = (float(p[0]), float(p[1]), int(p[2]))
         if sorted(rows) != sorted(nodes):
-            raise BenchError("%s: output from %s, wanted %s:\n%s%s" % (key, sorted(rows), nodes, r.stdout, r.stderr))
+            raise BenchError("%s: output from %s, wanted %s:\n%s%s"
+                             % (key, sorted(rows), nodes, r.stdout, r.stderr))
         t0 = min(v[0] for v in rows.values())
         t1 = max(v[1] for v in rows.values())
         total = sum(v[2] for v in rows.values())
@@ -532,7 +539,8 @@ class MountBench(Bench):
         self.gmount(export, mnt)
         tool = "python3 %s" % self.tool
         tmo = max(CALL_TIMEOUT, self.a.loc_size * len(NODES))
-        self.parallel("loc ours write", "%s write %s $GXP_HOSTNAME %d %d %s" % (tool, mnt, nf, LOC_FILE_MIB, self.src),
+        self.parallel("loc ours write",
+                      "%s write %s $GXP_HOSTNAME %d %d %s" % (tool, mnt, nf, LOC_FILE_MIB, self.src),
                       timeout=tmo)
         self.parallel("loc local write", "%s write %s L$GXP_HOSTNAME %d %d %s"
                       % (tool, export, nf, LOC_FILE_MIB, self.src), timeout=tmo)
@@ -554,8 +562,8 @@ class MountBench(Bench):
             self.drop_caches()
             self.parallel("loc1 local read", "%s read %s $GXP_HOSTNAME %d" % (tool, export, nf), timeout=tmo,
                           nodes=NODES[:1])
-            self.log("  rep %d locality %d x %d MiB: ours read %.0f MB/s, local %.0f MB/s; %s alone: ours %.0f, "
-                     "local %.0f MB/s"
+            self.log("  rep %d locality %d x %d MiB: ours read %.0f MB/s, local %.0f MB/s; "
+                     "%s alone: ours %.0f, local %.0f MB/s"
                      % (rep + 1, len(NODES), self.a.loc_size, self.samples["loc ours read"][-1],
                         self.samples["loc local read"][-1], NODES[0], self.samples["loc1 ours read"][-1],
                         self.samples["loc1 local read"][-1]))
@@ -567,7 +575,8 @@ class MountBench(Bench):
         for h in NODES:
             self.host_sshfs(h, "%s:%s" % (A2O_SERVER, sdir), amp)
         tmo = max(CALL_TIMEOUT, 3 * self.a.loc_size * len(NODES) * MiB / 1e6 / LINK_MBS)
-        self.parallel("loc a2o write", "%s write %s $GXP_HOSTNAME %d %d %s" % (tool, amp, nf, LOC_FILE_MIB, self.src),
+        self.parallel("loc a2o write",
+                      "%s write %s $GXP_HOSTNAME %d %d %s" % (tool, amp, nf, LOC_FILE_MIB, self.src),
                       timeout=tmo)
         for h in NODES:        # a fresh mount: nothing of sshfs's caches left
             self.host_umount(h, amp)
@@ -586,7 +595,8 @@ class MountBench(Bench):
             for mnt in list(self.gmounted):
                 dt, r = self.gxpc("umount", mnt, check=False)
                 if r.returncode != 0:
-                    self.odd.append("gxpc umount %s exited %d: %s" % (mnt, r.returncode, (r.stderr or r.stdout).strip()))
+                    self.odd.append("gxpc umount %s exited %d: %s"
+                                    % (mnt, r.returncode, (r.stderr or r.stdout).strip()))
                 self.gmounted.remove(mnt)
             self.quit_session()
         finally:
@@ -705,7 +715,8 @@ class MountBench(Bench):
         o.append("  (ratio = ours / anchor, higher is better; medians; links %s = %.1f MB/s; MB = 10^6 bytes)"
                  % (BW, LINK_MBS))
         o.append("")
-        o.append("where the time went (user CPU = CPU-seconds of the user's long-lived processes while timed:")
+        o.append("where the time went (user CPU = CPU-seconds of the user's long-lived processes "
+                 "while timed:")
         o.append(" mount daemons, ssh, sshd/sftp-server, agents; busy = share of the machine's %d CPUs):"
                  % os.cpu_count())
         keys = [("large local write", "large local write"), ("large local read", "large local read"),
@@ -735,7 +746,8 @@ class MountBench(Bench):
                      % (self.med("gmount mount s"), self.med("gmount umount s") or 0, len(NODES) + 1,
                         self.info.get("explore", 0)))
         if "large ours location" in self.info:
-            o.append("  location of the large file after its first read: %s" % self.info["large ours location"])
+            o.append("  location of the large file after its first read: %s"
+                     % self.info["large ours location"])
         o.append("  local disk: %s; the hosts' /tmp: %s; head /tmp: %s" % (
             self.info.get("local fs"), self.info.get("hosts fs"), self.info.get("head /tmp fs")))
         o.append("  phases: metadata %.0fs, large file %.0fs, direct channel %.0fs, locality %.0fs" % (
@@ -772,9 +784,11 @@ class MountBench(Bench):
         ok1, ok2 = r1 is not None and r1 >= GOAL_LOC_LOCAL, r2 is not None and r2 >= GOAL_LOC_A2O
         holds += [ok1, ok2]
         o.append("  locality read vs local disk %.2fx (%.0f vs %.0f MB/s, need >= %.1fx): %s" % (
-            r1 or 0, self.med("loc ours read") or 0, self.med("loc local read") or 0, GOAL_LOC_LOCAL, yn(ok1)))
+            r1 or 0, self.med("loc ours read") or 0, self.med("loc local read") or 0, GOAL_LOC_LOCAL,
+            yn(ok1)))
         r1n = ratio("loc1 ours read", "loc1 local read")
-        o.append("    (one node reading alone, no competition for the CPUs: %.2fx local disk, %.0f vs %.0f MB/s)"
+        o.append("    (one node reading alone, no competition for the CPUs: %.2fx local disk, "
+                 "%.0f vs %.0f MB/s)"
                  % (r1n or 0, self.med("loc1 ours read") or 0, self.med("loc1 local read") or 0))
         o.append("  locality read vs all-to-one %.1fx (%.0f vs %.1f MB/s, need >= %.0fx): %s" % (
             r2 or 0, self.med("loc ours read") or 0, self.med("loc a2o read") or 0, GOAL_LOC_A2O, yn(ok2)))
@@ -782,9 +796,10 @@ class MountBench(Bench):
         rw = ratio("meta ours stat", "meta local stat warm")
         ok = r is not None and r >= GOAL_STAT
         holds.append(ok)
-        o.append("  metadata stat %.0f%% of local disk, both cold (%.0f vs %.0f stat/s, need >= %.0f%%): %s" % (
-            100 * (r or 0), self.med("meta ours stat") or 0, self.med("meta local stat") or 0, 100 * GOAL_STAT,
-            yn(ok)))
+        o.append("  metadata stat %.0f%% of local disk, both cold (%.0f vs %.0f stat/s, "
+                 "need >= %.0f%%): %s" % (
+                     100 * (r or 0), self.med("meta ours stat") or 0, self.med("meta local stat") or 0,
+                     100 * GOAL_STAT, yn(ok)))
         o.append("    (against a warm local stat, %.0f/s: %.1f%%)" % (self.med("meta local stat warm") or 0,
                                                                      100 * (rw or 0)))
         rl = ratio("meta ourslocal stat", "meta local stat")

@@ -74,11 +74,13 @@ class Node:
         """What the job runner says goes to the job's requester; a job's end
         goes to the head too when the exec asked (`notify`): the head keeps its
         books from that, without decoding the client's output frames."""
-        self.send(dst, msg)
+        # `done` first: both go up the same links, so the head has booked the
+        # end before the client can see `exit` and ask (`gxpc smask`) about it.
         if msg["op"] == "exit" and (dst, msg["job"]) in self.notify_jobs:
             self.notify_jobs.discard((dst, msg["job"]))
             self.send(wire.HEAD, {"op": "done", "job": msg["job"], "client": dst,
                                   "status": msg["status"], "error": msg["error"]})
+        self.send(dst, msg)
 
     def send(self, dst: str, msg: Dict[str, Any]) -> None:
         self.route_frame(dst, wire.encode_frame(dst, self.id, msg), None)
@@ -109,10 +111,10 @@ class Node:
         if msg["op"] == "exec":
             exit_msg = {"op": "exit", "job": msg["job"], "status": 255,
                         "error": "node %s is not reachable" % dst}
-            self.send(src, exit_msg)
             if msg.get("notify"):
                 self.send(wire.HEAD, {"op": "done", "job": msg["job"], "client": src,
                                       "status": 255, "error": exit_msg["error"]})
+            self.send(src, exit_msg)
 
     def deliver(self, src: str, body: bytes, from_link: Optional[Link]) -> None:
         try:
@@ -205,9 +207,12 @@ class Node:
 
     # -- ops -----------------------------------------------------------------
     def op_ready(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
-        starting = getattr(link, "starting", None) if link is not None else None
+        if link is None:
+            return
+        starting = getattr(link, "starting", None)
         if starting is not None and link.peer == src:
-            info = {k: msg[k] for k in ("hostname", "pid", "python", "user", "ncpu") if k in msg}
+            info: Dict[str, Any] = {k: msg[k] for k in ("hostname", "pid", "python", "user", "ncpu")
+                                    if k in msg}
             if isinstance(msg.get("service"), dict):
                 info["service"] = msg["service"]
             starting.ready(info)
@@ -217,7 +222,7 @@ class Node:
         child = msg["child"]
         spec = dict(msg["channel"])
         spec["tag"] = "%s:%s" % (bootstrap.PROCESS_TAG, self.session)
-        channel = spec.get("name")
+        channel: str = spec["name"]      # wire.CHANNEL requires it
         timeout = float(msg["timeout"])
 
         def reply(ok: bool, reason: str, info: Optional[Dict[str, Any]] = None) -> None:

@@ -36,25 +36,42 @@ AGENT_MODULES: List[str] = [
     "gxpstyle.bootstrap", "gxpstyle.child_bootstrap", "gxpstyle.agent",
 ]
 
-# Runs from `python3 -c`; reads fd 0, writes fd 1. Exit codes 97-99 tell the
-# parent which check failed (it reads the channel's exit status).
-_STAGE1 = r"""
-import os,sys,zlib,hashlib,struct
+# The one receiver of the agent program, shared by every first stage (a
+# channel's `python3 -c`, a batch job's connect-back script): read exactly a
+# length-prefixed payload from fd F (never to EOF), check its SHA-256, and run it
+# with the link's fds FDS. `_gxp_codes` and `_gxp_fds` are what the loader below
+# expects. Exit codes 97-99 tell the parent which check failed (it reads the
+# channel's exit status). Kept terse: the -c argument carries it, compressed.
+_RECEIVER = r"""
 def r(n):
  b=b''
  while len(b)<n:
-  c=os.read(0,n-len(b))
+  c=os.read(F,n-len(b))
   if not c:os._exit(97)
   b+=c
  return b
-os.write(1,b'\nGXP1READY '+(sys.implementation.cache_tag or 'none').encode()+b'\n')
 n=struct.unpack('!I',r(4))[0]
-if n>16777216:os._exit(98)
+if n>%(max)d:os._exit(98)
 h=r(32);z=r(n)
 if hashlib.sha256(z).digest()!=h:os._exit(99)
 d=zlib.decompress(z);i=d.find(b'\0');i=len(d) if i<0 else i
-exec(compile(d[:i],'<gxp-agent>','exec'),{'__name__':'__gxp__','_gxp_codes':d[i+1:],'_gxp_fds':(0,1)})
+exec(compile(d[:i],'<gxp-agent>','exec'),{'__name__':'__gxp__','_gxp_codes':d[i+1:],'_gxp_fds':FDS})
 """
+
+
+def payload_receiver(read_fd: str, fds: str) -> str:
+    """Top-level code that receives and runs the agent program: `read_fd` and
+    `fds` are expressions for the fd to read and the (read, write) fds of the link.
+    The code needs os, struct, hashlib and zlib imported."""
+    return "F,FDS=%s,%s\n%s" % (read_fd, fds, _RECEIVER.strip() % {"max": MAX_PAYLOAD})
+
+
+# Runs from `python3 -c`; reads fd 0, writes fd 1. The marker comes first so the
+# parent can skip whatever a login script prints before python starts.
+_STAGE1 = ("import os,sys,zlib,hashlib,struct\n"
+           "os.write(1,b'\\n%s'+(sys.implementation.cache_tag or 'none').encode()+b'\\n')\n"
+           % MARKER.decode()
+           + payload_receiver("0", "(0,1)"))
 
 
 def stage1_argument() -> str:

@@ -11,11 +11,11 @@ Shipped to agents: standard library only, Python 3.8 syntax.
 """
 from __future__ import annotations
 
+from gxpstyle import bootstrap
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
     from typing import Any, Dict, List
-
-from gxpstyle import bootstrap
 
 PROCESS_CHANNELS = ("local", "ssh", "rsh", "sh")
 BATCH_CHANNELS = ("torque", "slurm")
@@ -27,7 +27,7 @@ class ChannelError(ValueError):
 
 def remote_command(spec: Dict[str, Any]) -> str:
     """The shell command line that starts the first stage on the target."""
-    import shlex   # imported here: agents that start no children never pay for it
+    import shlex  # imported here: agents that start no children never pay for it
     python = spec.get("python") or "python3"
     argv = bootstrap.stage1_argv(python, spec.get("tag") or bootstrap.PROCESS_TAG)
     return " ".join(shlex.quote(a) for a in argv)
@@ -71,39 +71,20 @@ def process_argv(channel: str, target: str, spec: Dict[str, Any]) -> List[str]:
     raise ChannelError("not a process channel: %s" % channel)
 
 
-# The connect-back stage a batch job runs. It carries a one-time token for this
-# one child (not the session secret), so the script file is written 0600 and the
-# token is never on a command line. Placeholders are filled by job_script().
+# The connect-back stage a batch job runs: authenticate to the parent over TLS,
+# then the same receiver as every first stage (bootstrap.payload_receiver) on the
+# relay's fds. It carries a one-time token for this one child (not the session
+# secret), so the script file is written 0600 and the token is never on a command
+# line. Placeholders are filled by job_script().
 _JOB_STAGE = r'''
-import os, sys, socket
+import os, sys, socket, struct, hashlib, zlib
 HOST, PORT, CHILD, TOKEN, PIN = %(host)r, %(port)d, %(child)r, bytes.fromhex(%(token)r), %(pin)r
 %(link_auth)s
-def _main():
-    sock = socket.create_connection((HOST, PORT), timeout=30)
-    tls = client_handshake(sock, CHILD, TOKEN, PIN)
-    tls.settimeout(None)
-    fds = start_relay(tls)
-    import struct, hashlib, zlib
-    def r(n):
-        b = b""
-        while len(b) < n:
-            c = os.read(fds[0], n - len(b))
-            if not c:
-                os._exit(97)
-            b += c
-        return b
-    n = struct.unpack("!I", r(4))[0]
-    if n > 16777216:
-        os._exit(98)
-    h = r(32); z = r(n)
-    if hashlib.sha256(z).digest() != h:
-        os._exit(99)
-    d = zlib.decompress(z)
-    i = d.find(b"\0")
-    i = len(d) if i < 0 else i
-    g = {"__name__": "__gxp__", "_gxp_codes": d[i + 1:], "_gxp_fds": fds}
-    exec(compile(d[:i], "<gxp-agent>", "exec"), g)
-_main()
+sock = socket.create_connection((HOST, PORT), timeout=30)
+tls = client_handshake(sock, CHILD, TOKEN, PIN)
+tls.settimeout(None)
+RELAY = start_relay(tls)
+%(receiver)s
 '''
 
 
@@ -118,7 +99,8 @@ def job_script(channel: str, spec: Dict[str, Any], child: str, host: str, port: 
         lines.append("#SBATCH --output=/dev/null")
         lines.append("#SBATCH --error=%s" % err_path)
     body = _JOB_STAGE % {"host": host, "port": port, "child": child, "token": token.hex(),
-                         "pin": pin, "link_auth": link_auth_source}
+                         "pin": pin, "link_auth": link_auth_source,
+                         "receiver": bootstrap.payload_receiver("RELAY[0]", "RELAY")}
     return "\n".join(lines) + "\n" + body
 
 

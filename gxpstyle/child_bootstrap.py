@@ -11,12 +11,12 @@ import signal
 import subprocess
 import time
 
+from gxpstyle import bootstrap
+from gxpstyle.links import Link
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
     from typing import Any, Callable, Dict, Optional
-
-from gxpstyle import bootstrap
-from gxpstyle.links import Link
 
 MAX_GARBAGE = 64 << 10     # what a login script may print before the marker
 STDERR_KEEP = 4096
@@ -39,11 +39,13 @@ def last_line(data: bytes) -> str:
 
 
 class ChildStart:
-    """One bootstrap in progress. `done(ok, reason, link_or_None)` is called once."""
+    """One bootstrap in progress. `done(start, ok, reason, link_or_None, info)` is
+    called once."""
 
     def __init__(self, node: Any, child: str, target: str, channel: str,
                  spec: Dict[str, Any], timeout: float,
-                 done: Callable[["ChildStart", bool, str, Optional[Link]], None]) -> None:
+                 done: Callable[["ChildStart", bool, str, Optional[Link], Dict[str, Any]], None]
+                 ) -> None:
         self.node = node
         self.loop = node.loop
         self.child = child
@@ -100,6 +102,8 @@ class ChildStart:
             self._marker_seen(b"", None)
 
     def _stderr_readable(self) -> None:
+        if self.stderr_fd is None:
+            return
         try:
             data = os.read(self.stderr_fd, 65536)
         except (BlockingIOError, InterruptedError):
@@ -116,6 +120,8 @@ class ChildStart:
             self.stderr_buf = (self.stderr_buf + data)[-STDERR_KEEP:]
 
     def _stdout_readable(self) -> None:
+        if self.rfd is None:
+            return
         try:
             data = os.read(self.rfd, 65536)
         except (BlockingIOError, InterruptedError):
@@ -139,14 +145,14 @@ class ChildStart:
             self._finish(False, "no agent marker within %d bytes of output" % MAX_GARBAGE)
 
     def _marker_seen(self, rest: bytes, tag: Optional[str]) -> None:
+        assert self.rfd is not None and self.wfd is not None   # set by attach()
         self.link = Link(self.loop, self.rfd, self.wfd, self.child,
                          self.node.on_child_frame, self.node.on_child_close)
         self.link.starting = self
         self.link.send_frame(bootstrap.payload_wire(
             self.node.payloads.for_tag(tag, service=bool(self.spec.get("role")))))
         self.link.send(self.child, self.node.id, self.node.hello_for(
-            self.child, self.target, self.spec.get("role"), self.spec.get("role_config"),
-            self.spec.get("role_module")))
+            self.child, self.target, self.spec.get("role"), self.spec.get("role_config")))
         self.link.feed_initial(rest)
 
     def ready(self, info: Dict[str, Any]) -> None:
@@ -218,7 +224,7 @@ class ChildStart:
                 self.proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 pass
-        if self.link is None and self.rfd is not None:
+        if self.link is None and self.rfd is not None and self.wfd is not None:
             # No link took the fds over: they are still ours to close.
             for fd in {self.rfd, self.wfd}:
                 self.loop.forget(fd)

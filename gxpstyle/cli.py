@@ -141,7 +141,7 @@ def cmd_explore(c: Client, a: argparse.Namespace) -> int:
 
 
 def cmd_stat(c: Client, a: argparse.Namespace) -> int:
-    status, result = c.call("stat")
+    result = c.stat()
     nodes = result["nodes"]
     up = sum(1 for n in nodes if n["state"] == "up")
     lost = [n for n in nodes if n["state"] == "lost"]
@@ -338,7 +338,13 @@ def cmd_simple(name: str) -> Any:
 
 def cmd_quit(c: Optional[Client], a: argparse.Namespace) -> int:
     if c is None:
-        return EXIT_OK    # nothing runs: nothing to stop
+        # Nothing answers. If a daemon died there (killed, out of memory), its
+        # agents and jobs died with it: remove what it left, and say so.
+        from gxpstyle import session
+        if os.path.exists(session.socket_path(a.session_dir)):
+            session.remove_dead_session(a.session_dir)
+            _err("quit: the session daemon had died; removed what it left in %s" % a.session_dir)
+        return EXIT_OK
     try:
         status, result = c.call("quit")
     except ClientError:
@@ -378,9 +384,11 @@ CORE: Dict[str, Verb] = {v.name: v for v in (
          options=[Opt(("--user", "-l")),
                   Opt(("--port", "-p"), "int", "ssh port (1 to 65535)"),
                   Opt(("--identity-file", "-i")),
-                  Opt(("--ssh-option", "-o"), "append", "an option passed to ssh (repeat), e.g. -o ProxyJump=gw"),
+                  Opt(("--ssh-option", "-o"), "append",
+                      "an option passed to ssh (repeat), e.g. -o ProxyJump=gw"),
                   Opt(("--python",), help="interpreter on the targets (default python3)"),
-                  Opt(("--template",), help="sh channel: command template, e.g. 'docker exec -i {host} {cmd}'"),
+                  Opt(("--template",),
+                      help="sh channel: command template, e.g. 'docker exec -i {host} {cmd}'"),
                   Opt(("--queue", "-q"), help="batch queue or partition"),
                   Opt(("--batch-option",), "append"),
                   Opt(("--connect-host",), help="batch: address jobs use to reach the parent"),
@@ -392,7 +400,8 @@ CORE: Dict[str, Verb] = {v.name: v for v in (
     Verb("explore", "bring up agents on hosts, as a tree", cmd_explore, session=START, check=check_explore,
          args=[Arg("targets", "*", metavar="TARGET", help="host patterns, e.g. 'tb[[01-16]]'")],
          options=[Opt(("--local",), "int", metavar="N",
-                      help="start N agents on this machine, no ssh needed (0 to %d)" % limits.RANGES["local"][1]),
+                      help="start N agents on this machine, no ssh needed (0 to %d)"
+                      % limits.RANGES["local"][1]),
                   Opt(("--config", "-c"), metavar="FILE", help="cluster description (YAML)"),
                   Opt(("--fanout",), "int", "max children per agent (1 to %d, default 8)"
                       % limits.RANGES["fanout"][1]),
@@ -403,7 +412,8 @@ CORE: Dict[str, Verb] = {v.name: v for v in (
     Verb("e", "run a shell command on the selected nodes", cmd_e, check=check_e,
          options=_e_options(), args=[Arg("command", REMAINDER, metavar="COMMAND")]),
     Verb("gexec", "run a command on the nodes of a saved mask", cmd_gexec, check=check_gexec,
-         options=_e_options(), args=[Arg("name", metavar="MASK"), Arg("command", REMAINDER, metavar="COMMAND")]),
+         options=_e_options(),
+         args=[Arg("name", metavar="MASK"), Arg("command", REMAINDER, metavar="COMMAND")]),
     Verb("smask", "select the nodes where the last command succeeded", cmd_simple("smask")),
     Verb("rmask", "select all nodes again", cmd_simple("rmask")),
     Verb("savemask", "save the nodes where the last command succeeded as NAME", cmd_simple("savemask"),
@@ -454,6 +464,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         c = Client(session_dir)
         if not c.connect(start=verb.session == START):
             where = c.session_dir
+            a.session_dir = where
             c.close()
             c = None
             if verb.session != OPTIONAL:

@@ -157,6 +157,16 @@ class Client:
             elif msg["op"] == "reply" and msg["req"] == req:
                 return msg["status"], msg["result"]
 
+    def stat(self) -> "Dict[str, Any]":
+        """The session's state: `nodes` as a list of dicts (the daemon sends a
+        table), plus what each service adds (masks, mounts)."""
+        status, result = self.call("stat")
+        if status:
+            raise ClientError(result.get("error", "stat failed"))
+        fields = result.pop("node_fields", [])
+        result["nodes"] = [dict(zip(fields, row)) for row in result.pop("node_rows", [])]
+        return result
+
     def messages(self, timeout: Optional[float] = None) -> Iterator[Tuple[str, Dict[str, Any]]]:
         while True:
             item = self.next_message(timeout)

@@ -220,17 +220,21 @@ class Head(Node):
     def req_ping(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         self.reply(cid, req, 0, {"pid": os.getpid()})
 
+    # `stat` sends the nodes as a table: field names once, then a row per
+    # node. With a thousand nodes that is half the values to encode and
+    # decode (13,000 instead of 26,000); Client.stat() gives dicts back.
+    STAT_FIELDS = ("id", "name", "hostname", "channel", "role", "state", "reason", "pid", "user",
+                   "python", "parent", "slots")
+
     def req_stat(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        nodes = []
+        rows = []
         for nid in sorted(self.tree, key=_id_key):
             n = self.tree[nid]
             if n.state in ("quit", "gone"):
                 continue
-            nodes.append({"id": n.id, "name": n.name, "hostname": n.hostname,
-                          "channel": n.role or n.channel, "role": n.role,
-                          "state": n.state, "reason": n.reason, "pid": n.pid, "user": n.user,
-                          "python": n.python, "parent": n.parent or "", "slots": n.slots})
-        result: Dict[str, Any] = {"nodes": nodes}
+            rows.append([n.id, n.name, n.hostname, n.role or n.channel, n.role, n.state, n.reason,
+                         n.pid, n.user, n.python, n.parent or "", n.slots])
+        result: Dict[str, Any] = {"node_fields": list(self.STAT_FIELDS), "node_rows": rows}
         for svc in self.services:
             result.update(svc.stat())
         self.reply(cid, req, 0, result)

@@ -81,7 +81,8 @@ class ExploreService(Service):
         # A few per CPU at a time take as long in total and keep the machine
         # answering.
         self.local_busy: Dict[str, int] = {}
-        self.local_queue: Dict[str, "collections.deque[Tuple[Exploration, spanning_tree.Assignment, str]]"] = {}
+        self.local_queue: Dict[
+            str, "collections.deque[Tuple[Exploration, spanning_tree.Assignment, str]]"] = {}
         self.local_of: Dict[int, str] = {}
 
     def verbs(self) -> Dict[str, Verb]:
@@ -235,7 +236,7 @@ class ExploreService(Service):
 
     def node_lost(self, lost: str, reason: str) -> None:
         # Local bootstraps queued under the lost subtree will never start.
-        for host, queue in self.local_queue.items():
+        for queue in self.local_queue.values():
             for item in [q for q in queue if wire.is_descendant(q[2], lost)]:
                 queue.remove(item)
                 ex, a, _ = item

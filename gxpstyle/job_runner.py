@@ -90,7 +90,10 @@ class JobRunner:
         job = Job(self, key, proc)
         self.jobs[key] = job
         for fd in job.open_fds:
-            self.loop.add_reader(fd, lambda fd=fd, job=job: self._readable(job, fd))
+            self._watch(job, fd)
+
+    def _watch(self, job: Job, fd: int) -> None:
+        self.loop.add_reader(fd, lambda: self._readable(job, fd))
 
     def _readable(self, job: Job, fd: int) -> None:
         try:
@@ -122,7 +125,7 @@ class JobRunner:
             return
         for job in self.jobs.values():
             for fd in job.open_fds:
-                self.loop.add_reader(fd, lambda fd=fd, job=job: self._readable(job, fd))
+                self._watch(job, fd)
 
     def _reap(self, job: Job) -> None:
         # Output is closed; the process may still run (it closed its stdout).
@@ -165,6 +168,7 @@ class JobRunner:
     def _close_stdin(self, job: Job) -> None:
         if job.stdin_fd is not None:
             self.loop.forget(job.stdin_fd)
+            assert job.proc.stdin is not None      # stdin_fd is its fileno
             try:
                 job.proc.stdin.close()
             except OSError:

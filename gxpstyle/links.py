@@ -12,7 +12,8 @@ import collections
 import os
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
-    from typing import Callable
+    from typing import Callable, Optional
+    from gxpstyle.child_bootstrap import ChildStart
 
 from gxpstyle import wire
 from gxpstyle.event_loop import EventLoop
@@ -36,6 +37,8 @@ class Link:
         self.outq: "collections.deque[memoryview]" = collections.deque()
         self.queued = 0
         self.closed = False
+        # The bootstrap bringing up the child at the other end, until it is ready.
+        self.starting: "Optional[ChildStart]" = None
         os.set_blocking(rfd, False)
         if wfd != rfd:
             os.set_blocking(wfd, False)

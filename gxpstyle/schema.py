@@ -51,7 +51,8 @@ def _fmt(x: "_Any") -> str:
 
 
 class Int(Spec):
-    def __init__(self, lo: "Optional[int]" = None, hi: "Optional[int]" = None) -> None:
+    # Bounds may be floats (limits.RANGES types every range as a Number).
+    def __init__(self, lo: "Optional[float]" = None, hi: "Optional[float]" = None) -> None:
         self.lo, self.hi = lo, hi
 
     def check(self, value: "_Any", where: str) -> "_Any":
@@ -163,7 +164,8 @@ class MapOf(Spec):
         if not isinstance(value, dict):
             raise SchemaError("%s must be a mapping, not %s" % (where, _kind(value)))
         if len(value) > self.max_items:
-            raise SchemaError("%s has too many entries (%d, at most %d)" % (where, len(value), self.max_items))
+            raise SchemaError("%s has too many entries (%d, at most %d)"
+                              % (where, len(value), self.max_items))
         out = {}
         for k, v in value.items():
             k = self.key.check(k, "%s key" % where)
@@ -193,9 +195,9 @@ class Rec(Spec):
         for k, v in value.items():
             if k in self.required:
                 continue
-            spec = self.optional.get(k)
-            if spec is not None:
-                out[k] = spec.check(v, "%s: %s" % (where, k))
+            opt = self.optional.get(k)
+            if opt is not None:
+                out[k] = opt.check(v, "%s: %s" % (where, k))
             elif self.open:
                 out[k] = v
             else:

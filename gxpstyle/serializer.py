@@ -85,77 +85,114 @@ def loads(data: bytes) -> Any:
         raise DecodeError("empty message")
     if data[0] != VERSION:
         raise DecodeError("unsupported serializer version %d" % data[0])
-    buf = memoryview(data)
-    budget = [MAX_ITEMS]
-    value, pos = _decode(buf, 1, 0, budget)
-    if pos != len(buf):
+    if not isinstance(data, bytes):
+        data = bytes(data)
+    decoder = _Decoder(data)
+    value = decoder.value(1, 0)
+    if decoder.pos != len(data):
         raise DecodeError("trailing bytes after value")
     return value
 
 
-def _need(buf: memoryview, pos: int, n: int) -> None:
-    if n < 0 or pos + n > len(buf):
-        raise DecodeError("truncated value")
+_unpack_u32 = _U32.unpack_from
+_unpack_i64 = _I64.unpack_from
+_unpack_f64 = _F64.unpack_from
 
 
-def _decode(buf: memoryview, pos: int, depth: int, budget: list) -> tuple:
-    if depth > MAX_DEPTH:
-        raise DecodeError("value nested too deeply")
-    budget[0] -= 1
-    if budget[0] < 0:
-        raise DecodeError("too many items")
-    _need(buf, pos, 1)
-    tag = buf[pos]
-    pos += 1
-    if tag == 0x4E:  # N
-        return None, pos
-    if tag == 0x54:  # T
-        return True, pos
-    if tag == 0x46:  # F
-        return False, pos
-    if tag == 0x69:  # i
-        _need(buf, pos, 8)
-        return _I64.unpack_from(buf, pos)[0], pos + 8
-    if tag == 0x64:  # d
-        _need(buf, pos, 8)
-        return _F64.unpack_from(buf, pos)[0], pos + 8
-    if tag in (0x49, 0x73, 0x62):  # I, s, b: length-prefixed
-        _need(buf, pos, 4)
-        n = _U32.unpack_from(buf, pos)[0]
-        pos += 4
-        _need(buf, pos, n)
-        raw = bytes(buf[pos:pos + n])
-        pos += n
-        if tag == 0x49:
-            return int.from_bytes(raw, "big", signed=True), pos
-        if tag == 0x73:
-            try:
-                return raw.decode("utf-8", "surrogateescape"), pos
-            except UnicodeDecodeError:
-                raise DecodeError("invalid UTF-8 in string")
-        return raw, pos
-    if tag == 0x6C:  # l
-        _need(buf, pos, 4)
-        n = _U32.unpack_from(buf, pos)[0]
-        pos += 4
-        # Every item takes at least one byte: a count larger than what is left is a lie.
-        _need(buf, pos, n)
-        items = []
-        for _ in range(n):
-            item, pos = _decode(buf, pos, depth + 1, budget)
-            items.append(item)
-        return items, pos
-    if tag == 0x6D:  # m
-        _need(buf, pos, 4)
-        n = _U32.unpack_from(buf, pos)[0]
-        pos += 4
-        _need(buf, pos, 2 * n)
-        result = {}
-        for _ in range(n):
-            key, pos = _decode(buf, pos, depth + 1, budget)
-            if isinstance(key, (list, dict)):
-                raise DecodeError("unhashable dict key")
-            value, pos = _decode(buf, pos, depth + 1, budget)
-            result[key] = value
-        return result, pos
-    raise DecodeError("unknown tag 0x%02x" % tag)
+class _Decoder(object):
+    """One pass over one message. Written for speed (a `stat` of a thousand
+    nodes is 13,000 values): bytes indexing, no helper calls per item; every
+    length is still checked against what is left before it is used."""
+
+    __slots__ = ("data", "end", "pos", "budget")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.end = len(data)
+        self.pos = 0
+        self.budget = MAX_ITEMS
+
+    def value(self, pos: int, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise DecodeError("value nested too deeply")
+        self.budget -= 1
+        if self.budget < 0:
+            raise DecodeError("too many items")
+        data, end = self.data, self.end
+        if pos >= end:
+            raise DecodeError("truncated value")
+        tag = data[pos]
+        pos += 1
+        if tag == 0x73:  # s
+            if pos + 4 > end:
+                raise DecodeError("truncated value")
+            n = _unpack_u32(data, pos)[0]
+            pos += 4
+            if pos + n > end:
+                raise DecodeError("truncated value")
+            self.pos = pos + n
+            # surrogateescape never fails: bytes that are not UTF-8 come back
+            # as the same bytes when encoded again (file names on nodes).
+            return data[pos:pos + n].decode("utf-8", "surrogateescape")
+        if tag == 0x69:  # i
+            if pos + 8 > end:
+                raise DecodeError("truncated value")
+            self.pos = pos + 8
+            return _unpack_i64(data, pos)[0]
+        if tag == 0x6D:  # m
+            if pos + 4 > end:
+                raise DecodeError("truncated value")
+            n = _unpack_u32(data, pos)[0]
+            pos += 4
+            if pos + 2 * n > end:
+                raise DecodeError("truncated value")
+            result = {}
+            value = self.value
+            for _ in range(n):
+                key = value(pos, depth + 1)
+                if isinstance(key, (list, dict)):
+                    raise DecodeError("unhashable dict key")
+                result[key] = value(self.pos, depth + 1)
+                pos = self.pos
+            self.pos = pos
+            return result
+        if tag == 0x6C:  # l
+            if pos + 4 > end:
+                raise DecodeError("truncated value")
+            n = _unpack_u32(data, pos)[0]
+            pos += 4
+            # Every item takes at least one byte: a count larger than what is left is a lie.
+            if pos + n > end:
+                raise DecodeError("truncated value")
+            items = []
+            value = self.value
+            for _ in range(n):
+                items.append(value(pos, depth + 1))
+                pos = self.pos
+            self.pos = pos
+            return items
+        if tag == 0x4E:  # N
+            self.pos = pos
+            return None
+        if tag == 0x54:  # T
+            self.pos = pos
+            return True
+        if tag == 0x46:  # F
+            self.pos = pos
+            return False
+        if tag == 0x64:  # d
+            if pos + 8 > end:
+                raise DecodeError("truncated value")
+            self.pos = pos + 8
+            return _unpack_f64(data, pos)[0]
+        if tag == 0x62 or tag == 0x49:  # b, I: length-prefixed
+            if pos + 4 > end:
+                raise DecodeError("truncated value")
+            n = _unpack_u32(data, pos)[0]
+            pos += 4
+            if pos + n > end:
+                raise DecodeError("truncated value")
+            self.pos = pos + n
+            raw = data[pos:pos + n]
+            return raw if tag == 0x62 else int.from_bytes(raw, "big", signed=True)
+        raise DecodeError("unknown tag 0x%02x" % tag)

@@ -169,9 +169,9 @@ class JobTable:
             for nid, status in list(rec.nodes.items()):
                 if status is None and wire.is_descendant(nid, lost):
                     error = "node lost: %s" % reason_of(nid)
+                    self.done(nid, client, job, 255, error)
                     self.head.deliver_to_client(client, nid, {"op": "exit", "job": job,
                                                               "status": 255, "error": error})
-                    self.done(nid, client, job, 255, error)
 
     def client_closed(self, client: str) -> None:
         for (c, job), rec in list(self.jobs.items()):

@@ -14,7 +14,8 @@ import stat
 # Types only: every gxpc start loads this module (typing would double its CPU).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional, Tuple
+    import socket
+    from typing import List, Optional, Tuple
 
 SOCKET_NAME = "gxpd.sock"
 LOG_NAME = "gxpd.log"
@@ -74,6 +75,37 @@ def socket_path(session_dir: str) -> str:
     return os.path.join(session_dir, SOCKET_NAME)
 
 
+def remove_dead_session(path: str) -> "List[str]":
+    """What a session daemon that died (SIGKILL, out of memory) left on this
+    host: its socket, its log, its directory, and the per-session directories
+    of its agents here (TLS files, replicas), which died with it. Removes them
+    and returns their paths. Only the caller's own entries are touched."""
+    import glob
+    import shutil
+    removed: "List[str]" = []
+    tag = "gxp-%s-" % session_name(path)[:12]
+    for base in {os.environ.get("TMPDIR") or "/tmp", "/tmp"}:
+        for d in glob.glob(os.path.join(base, glob.escape(tag) + "*")):
+            try:
+                if os.lstat(d).st_uid == os.getuid() and stat.S_ISDIR(os.lstat(d).st_mode):
+                    shutil.rmtree(d, ignore_errors=True)
+                    removed.append(d)
+            except OSError:
+                pass
+    for name in (SOCKET_NAME, LOG_NAME):
+        try:
+            os.unlink(os.path.join(path, name))
+            removed.append(os.path.join(path, name))
+        except OSError:
+            pass
+    try:
+        os.rmdir(path)
+        removed.append(path)
+    except OSError:
+        pass
+    return removed
+
+
 def new_secret() -> bytes:
     return os.urandom(32)
 
@@ -114,7 +146,7 @@ def make_certificate(days: int = 30) -> Tuple[str, str, str]:
     return cert_pem, key_pem, pin
 
 
-def peer_uid(sock: "object") -> Optional[int]:
+def peer_uid(sock: "socket.socket") -> Optional[int]:
     """The uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
     import socket
     import struct

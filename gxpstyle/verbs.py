@@ -131,10 +131,10 @@ def plugin_verbs(name: "Optional[str]" = None) -> "Dict[str, Verb]":
     A plugin that fails to load is left out with a one-line warning: one broken
     package must not take every other verb's help with it."""
     from importlib import metadata
-    try:
-        eps = metadata.entry_points(group=ENTRY_POINT_GROUP)      # Python >= 3.10
-    except TypeError:                                             # 3.8, 3.9: a dict
-        eps = metadata.entry_points().get(ENTRY_POINT_GROUP, [])  # type: ignore[attr-defined, arg-type]
+    if sys.version_info >= (3, 10):
+        eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
+    else:                                                   # 3.8, 3.9: a dict of lists
+        eps = metadata.entry_points().get(ENTRY_POINT_GROUP, [])
     out: "Dict[str, Verb]" = {}
     for ep in eps:
         if (name is not None and ep.name != name) or ep.name in out:

@@ -173,11 +173,6 @@ SCHEMA: Dict[str, Rec] = {
     "reply": Rec({"req": _REQ, "status": Int(0, 255), "result": _MAP}, open=True),
     "print": Rec({"req": _REQ, "stream": Choice(1, 2), "data": Bytes(MAX_FRAME)}, open=True),
     "error": Rec({"text": _TEXT}, open=True),
-    # sshfsmux direct data channel (sshfsmux/fs_protocol.py): calls, one reply
-    # each, streamed data for whole-file reads and long listings
-    "fs_call": Rec({"req": _REQ, "call": Str(64), "args": _MAP}, open=True),
-    "fs_reply": Rec({"req": _REQ, "errno": Int(0, 4096), "result": _Any()}, open=True),
-    "fs_data": Rec({"req": _REQ, "data": Bytes(MAX_FRAME), "eof": Bool()}, open=True),
 }
 
 

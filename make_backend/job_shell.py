@@ -24,7 +24,7 @@ import os
 import re
 import signal
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NoReturn, Optional, Tuple
 
 # Variables that describe this login, not the job: never copied to another node.
 HOST_BOUND = frozenset((
@@ -116,7 +116,7 @@ def _err(text: str) -> None:
     _write_all(2, ("gxpc make: %s\n" % text).encode(errors="replace"))
 
 
-def run_here(recipe: str) -> None:
+def run_here(recipe: str) -> NoReturn:
     os.execv("/bin/sh", ["/bin/sh", "-c", recipe])
 
 
@@ -127,16 +127,16 @@ def run_remote(session_dir: str, recipe: str) -> int:
 
     c = Client(session_dir)
     interrupts = []   # signals received, in order
-    current: Dict[str, object] = {}
+    current: Dict[str, Any] = {}
 
     def on_signal(signum: int, frame: object) -> None:
         interrupts.append(signum)
         node, job = current.get("node"), current.get("job")
-        if node is None:
+        if node is None or job is None:     # set together: no recipe is running
             return
         sig = signum if len(interrupts) == 1 else signal.SIGKILL
         try:
-            c.send(str(node), {"op": "kill", "job": int(job), "sig": int(sig)})  # type: ignore[arg-type]
+            c.send(str(node), {"op": "kill", "job": int(job), "sig": int(sig)})
         except OSError:
             pass
 

@@ -218,9 +218,7 @@ def _run(client: Optional[Any], session_dir: str, local: bool, make_args: List[s
         if client is None:
             sys.stderr.write("gxpc make: no session (gxpc explore starts one); recipes run on this machine\n")
         else:
-            status, stat = client.call("stat")
-            if status:
-                raise MakeUsage(stat.get("error", "stat failed"))
+            stat = client.stat()
             where = plan(stat, os.getcwd())
             if where == "here":
                 sys.stderr.write("gxpc make: no node explored; recipes run on this machine\n")

@@ -516,7 +516,8 @@ class _Session:
         finally:
             os.close(fd)
 
-    def c_read_file(self, rid: int, path: str, have: "Optional[Tuple[int, int, int, int]]") -> "Dict[str, Any]":
+    def c_read_file(self, rid: int, path: str,
+                    have: "Optional[Tuple[int, int, int, int]]") -> "Dict[str, Any]":
         self._check_stream_room(rid)
         fd = self._open_regular(path, os.O_RDONLY)
         try:

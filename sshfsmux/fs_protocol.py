@@ -1,20 +1,11 @@
-"""The direct data channel between our agents (SSHFSM-Direct): calls, argument
-checks, handshake and the framed transport both ends share.
+"""The direct data channel between our agents (SSHFSM-Direct): its messages,
+calls and argument checks, which both ends share.
 
-Connection. TCP to the exporting agent, then link_auth's handshake keyed with
-`data_channel_key(session secret)`: HMAC mutual proof over fresh nonces, TLS with
-the session certificate pinned, a proof inside TLS (label "fs"). With
-cipher=False (the mount's `-o cipher=none`, for trusted networks) the label is
-"fs-none": the same mutual HMAC proof, no TLS, and every frame afterwards carries
-a 16-byte HMAC-SHA256 tag under a per-connection, per-direction key derived from
-the session key and both nonces, over a sequence number and the frame. So data
-crosses the wire in clear but nobody without the key can inject, replay, reorder
-or splice frames; authentication is never off. The label is covered by the
-proofs and each server accepts only its own, so nobody can downgrade a TLS server.
+Connection: fs_transport (TCP, link_auth's handshake, TLS or per-frame MACs).
 
 Messages are gxpstyle.wire frames (u32 length, addresses, serialized dict), length
 checked against wire.MAX_FRAME before buffering, decoded by the builtin-only
-serializer and checked against wire.SCHEMA:
+serializer and checked against this module's SCHEMA (wire.validate with schema=SCHEMA):
 
     {"op": "fs_call",  "req": int, "call": str, "args": dict}
     {"op": "fs_reply", "req": int, "errno": int, "result": value}
@@ -69,27 +60,20 @@ Standard library only, Python 3.8 syntax.
 """
 from __future__ import annotations
 
-import collections
 import errno
 import hashlib
 import hmac
-import os
-import select
-import socket
-import ssl
-import struct
-import threading
-import time
 
-from gxpstyle import link_auth, wire
+from gxpstyle import schema, wire
 from sshfsmux import confined_paths
+from sshfsmux.fs_transport import (LABEL, LABEL_PLAIN, TAG_BYTES, ConnectionLost,  # noqa: F401
+                                   FrameConn, connect, plain_client_handshake,
+                                   plain_server_handshake, tune_socket)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, Optional, Tuple
 
-LABEL = "fs"
-LABEL_PLAIN = "fs-none"
 KEY_INFO = b"sshfsmux data channel"
 CLIENT_ADDR = "c"
 SERVER_ADDR = "fs"
@@ -102,9 +86,6 @@ MAX_LINK_TARGET = confined_paths.MAX_PATH
 U63 = (1 << 63) - 1
 SETTLE_SECONDS = 2.0            # a replica of a file touched this recently may go stale unseen
 
-TAG_BYTES = 16
-_SEQ = struct.Struct("!Q")
-_LEN = struct.Struct("!I")
 
 
 def data_channel_key(secret: bytes) -> bytes:
@@ -266,469 +247,30 @@ def data_frame(req: int, data: bytes, eof: bool, **extra: Any) -> bytes:
     return wire.encode_frame(CLIENT_ADDR, SERVER_ADDR, msg)
 
 
+# The channel's own messages, checked like the core's (wire.validate with this
+# schema): calls, one reply each, streamed data for whole-file reads and listings.
+_REQ = schema.Int(0, U63)
+SCHEMA = {
+    "fs_call": schema.Rec({"req": _REQ, "call": schema.Str(4096), "args": schema.MapOf(schema.Any())},
+                          open=True),
+    "fs_reply": schema.Rec({"req": _REQ, "errno": schema.Int(-(1 << 31), 1 << 31),
+                            "result": schema.Any()}, open=True),
+    "fs_data": schema.Rec({"req": _REQ, "data": schema.Bytes(wire.MAX_FRAME), "eof": schema.Bool()},
+                          open=True),
+}
+_HEAD_MAX = 2 + 2 * wire.MAX_ADDR       # the longest address part of a frame
+
+
 def decode(body: Any, ops: "Tuple[str, ...]") -> "Dict[str, Any]":
     """A validated message of one of `ops` from a frame body (bytes or memoryview,
     no length prefix); wire.FrameError for anything else. Addresses are checked
-    like wire.split_frame does, then ignored: a data channel has two ends."""
+    by wire.split_frame, then ignored: a data channel has two ends."""
     mv = memoryview(body)
-    if len(mv) < 2:
-        raise wire.FrameError("frame too short")
-    dl = mv[0]
-    if dl > wire.MAX_ADDR or 2 + dl > len(mv):
-        raise wire.FrameError("bad destination length")
-    sl = mv[1 + dl]
-    start = 2 + dl + sl
-    if sl > wire.MAX_ADDR or start > len(mv):
-        raise wire.FrameError("bad source length")
-    try:
-        bytes(mv[1:1 + dl]).decode("ascii")
-        bytes(mv[2 + dl:start]).decode("ascii")
-    except UnicodeDecodeError:
-        raise wire.FrameError("non-ASCII address")
-    msg = wire.decode_message(mv[start:])
+    head = bytes(mv[:_HEAD_MAX])        # the addresses only: the data is not copied
+    _dst, _src, rest = wire.split_frame(head)
+    msg = wire.decode_message(mv[len(head) - len(rest):], SCHEMA)  # type: ignore[arg-type]  # a memoryview: no copy of the data
     if msg["op"] not in ops:
         raise wire.FrameError("unexpected op %s" % msg["op"])
     if not 0 <= msg["req"] <= U63:
         raise wire.FrameError("request id out of range")
     return msg
-
-
-# --- handshake ----------------------------------------------------------------
-
-def _mac(key: bytes, *parts: bytes) -> bytes:
-    return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
-
-
-def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise link_auth.AuthError("handshake timed out")
-        sock.settimeout(left)
-        try:
-            chunk = sock.recv(n - len(buf))
-        except socket.timeout:
-            raise link_auth.AuthError("handshake timed out")
-        if not chunk:
-            raise link_auth.AuthError("peer closed during handshake")
-        buf += chunk
-    return buf
-
-
-def _plain_keys(key: bytes, nc: bytes, ns: bytes) -> "Tuple[bytes, bytes]":
-    """(client-to-server, server-to-client) frame MAC keys."""
-    return (_mac(key, b"fs-none c2s", nc, ns), _mac(key, b"fs-none s2c", nc, ns))
-
-
-def plain_client_handshake(sock: socket.socket, key: bytes,
-                           timeout: float = link_auth.HANDSHAKE_SECONDS) -> "Tuple[bytes, bytes]":
-    """link_auth's clear-text mutual proof for label "fs-none"; returns the frame
-    MAC keys (send, receive). Raises link_auth.AuthError."""
-    deadline = time.monotonic() + timeout
-    lab = LABEL_PLAIN.encode("ascii")
-    nc = os.urandom(32)
-    sock.sendall(link_auth.MAGIC + bytes((len(lab),)) + lab + nc)
-    ns = _recv_exact(sock, 32, deadline)
-    sock.sendall(_mac(key, b"c1", lab, nc, ns))
-    proof = _recv_exact(sock, 32, deadline)
-    if not hmac.compare_digest(proof, _mac(key, b"s1", lab, nc, ns)):
-        raise link_auth.AuthError("server failed to prove the key")
-    c2s, s2c = _plain_keys(key, nc, ns)
-    return c2s, s2c
-
-
-def plain_server_handshake(sock: socket.socket, key: bytes,
-                           timeout: float = link_auth.HANDSHAKE_SECONDS) -> "Tuple[bytes, bytes]":
-    """The server side of plain_client_handshake; returns (send, receive) keys."""
-    deadline = time.monotonic() + timeout
-    head = _recv_exact(sock, 5, deadline)
-    if head[:4] != link_auth.MAGIC:
-        raise link_auth.AuthError("bad magic")
-    lab = _recv_exact(sock, head[4], deadline) if head[4] else b""
-    nc = _recv_exact(sock, 32, deadline)
-    if lab != LABEL_PLAIN.encode("ascii"):
-        raise link_auth.AuthError("unknown label")
-    ns = os.urandom(32)
-    sock.sendall(ns)
-    proof = _recv_exact(sock, 32, deadline)
-    if not hmac.compare_digest(proof, _mac(key, b"c1", lab, nc, ns)):
-        raise link_auth.AuthError("client failed to prove the key")
-    sock.sendall(_mac(key, b"s1", lab, nc, ns))
-    c2s, s2c = _plain_keys(key, nc, ns)
-    return s2c, c2s
-
-
-def tune_socket(sock: socket.socket) -> None:
-    for level, opt in ((socket.IPPROTO_TCP, socket.TCP_NODELAY),
-                       (socket.SOL_SOCKET, socket.SO_KEEPALIVE)):
-        try:
-            sock.setsockopt(level, opt, 1)
-        except OSError:
-            pass
-
-
-def connect(host: str, port: int, key: bytes, pin: "Optional[str]", cipher: bool = True,
-            timeout: float = link_auth.HANDSHAKE_SECONDS) -> "Tuple[socket.socket, Optional[Tuple[bytes, bytes]]]":
-    """An authenticated data channel socket and its frame MAC keys (None with
-    TLS). Raises link_auth.AuthError or OSError."""
-    sock = socket.create_connection((host, port), timeout=timeout)
-    try:
-        tune_socket(sock)
-        if cipher:
-            if not pin:
-                raise link_auth.AuthError("no certificate pin for an encrypted channel")
-            return link_auth.client_handshake(sock, LABEL, key, pin, timeout), None
-        return sock, plain_client_handshake(sock, key, timeout)
-    except BaseException:
-        sock.close()
-        raise
-
-
-# --- transport ----------------------------------------------------------------
-
-class ConnectionLost(Exception):
-    """The connection is gone; `sent` tells whether the request may have left."""
-
-    def __init__(self, reason: str, sent: bool = False) -> None:
-        Exception.__init__(self, reason)
-        self.sent = sent
-
-
-RECV_BUDGET = 1 << 20       # bytes read per loop turn before writing gets a chance
-SEND_MAX = 256 << 10        # bytes handed to one send() or asked of one recv()
-BIG_FRAME = 64 << 10        # frames at least this long are received into their own buffer
-
-
-class FrameConn:
-    """One authenticated socket (TLS, or plain with frame MACs) driven by one
-    thread with non-blocking I/O: an SSL object is never used from two threads.
-
-    Incoming frames go to on_frame(body) in the I/O thread; it may raise
-    wire.FrameError to drop the peer. Any thread may send_frame(); other threads
-    block while more than out_high bytes wait (the I/O thread never blocks). With
-    pause_when_full the connection stops reading while its output is over
-    out_high, so a peer that does not read its replies cannot grow our memory.
-    producer() is called in the I/O thread while the output is below out_low and
-    returns whether it queued something (stream data). A frame must arrive
-    within frame_seconds of its first byte and queued output must move within
-    stall_seconds, else the peer is dropped. on_close(reason) runs once, last."""
-
-    def __init__(self, sock: socket.socket, macs: "Optional[Tuple[bytes, bytes]]" = None,
-                 on_frame: "Optional[Callable[[bytes], None]]" = None,
-                 on_close: "Optional[Callable[[str], None]]" = None,
-                 producer: "Optional[Callable[[], bool]]" = None,
-                 pause_when_full: bool = False, out_high: int = 4 << 20, out_low: int = 1 << 20,
-                 frame_seconds: float = 60.0, stall_seconds: float = 300.0,
-                 max_frame: int = wire.MAX_FRAME) -> None:
-        self.sock = sock
-        self.tls = isinstance(sock, ssl.SSLSocket)
-        self.send_key, self.recv_key = macs if macs else (None, None)
-        self.send_seq = self.recv_seq = 0
-        self.on_frame = on_frame
-        self.on_close = on_close
-        self.producer = producer
-        self.pause_when_full = pause_when_full
-        self.out_high, self.out_low = out_high, out_low
-        self.frame_seconds, self.stall_seconds = frame_seconds, stall_seconds
-        self.max_frame = max_frame
-        self.reason = ""
-        self.closing = False
-        self.frames_in = 0
-        self._lock = threading.Lock()
-        self._space = threading.Condition(self._lock)
-        self._out = collections.deque()     # type: collections.deque
-        self._out_bytes = 0
-        self._head_off = 0
-        self._retry_len = 0                 # an SSL write must be retried with the same length
-        self._last_progress = time.monotonic()
-        self._inbuf = bytearray()
-        self._big = None                    # type: Optional[bytearray]
-        self._big_got = 0
-        self._stage = bytearray(SEND_MAX)   # where reads at a frame boundary land
-        self._partial_since = None          # type: Optional[float]
-        self._read_wants_write = False
-        self._write_wants_read = False
-        self._io_ident = None               # type: Optional[int]
-        self._thread = None                 # type: Optional[threading.Thread]
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        sock.setblocking(False)
-
-    # -- any thread ------------------------------------------------------------
-    def start(self, name: str = "fs-conn") -> None:
-        self._thread = threading.Thread(target=self.run, name=name, daemon=True)
-        self._thread.start()
-
-    def send_frame(self, frame: bytes, block: bool = True, timeout: "Optional[float]" = None) -> None:
-        """Queue a complete wire frame (with its length prefix). Raises ConnectionLost."""
-        in_io = threading.get_ident() == self._io_ident
-        with self._lock:
-            if block and not in_io:
-                deadline = None if timeout is None else time.monotonic() + timeout
-                while self._out_bytes >= self.out_high and not self.closing:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise ConnectionLost("timed out waiting to send")
-                    self._space.wait(left if left is not None else 1.0)
-            if self.closing:
-                raise ConnectionLost(self.reason or "connection closed")
-            was_empty = self._out_bytes == 0
-            self._out.append(frame)
-            self._out_bytes += len(frame)
-            if self.send_key is not None:
-                h = hmac.new(self.send_key, _SEQ.pack(self.send_seq), hashlib.sha256)
-                h.update(frame)
-                tag = h.digest()[:TAG_BYTES]
-                self.send_seq += 1
-                self._out.append(tag)
-                self._out_bytes += len(tag)
-            if was_empty:
-                self._last_progress = time.monotonic()
-        if was_empty and not in_io:
-            self._wake()
-
-    @property
-    def queued(self) -> int:
-        return self._out_bytes
-
-    def close(self, reason: str = "closed") -> None:
-        with self._lock:
-            if not self.closing:
-                self.closing = True
-                self.reason = reason
-            self._space.notify_all()
-        self._wake()
-
-    def join(self, timeout: "Optional[float]" = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"\0")
-        except OSError:
-            pass
-
-    # -- the I/O thread -------------------------------------------------------
-    def run(self) -> None:
-        self._io_ident = threading.get_ident()
-        reason = ""
-        try:
-            self._loop()
-        except wire.FrameError as e:
-            reason = "bad frame: %s" % e
-        except ConnectionLost as e:
-            reason = str(e)
-        except ssl.SSLError as e:
-            reason = "TLS error: %s" % (e.reason or e.__class__.__name__)
-        except OSError as e:
-            reason = "socket error: %s" % (os.strerror(e.errno) if e.errno else e)
-        except Exception as e:      # a bug must not take the process down with it
-            reason = "internal error: %s: %s" % (e.__class__.__name__, e)
-        self._shutdown(reason)
-
-    def _shutdown(self, reason: str) -> None:
-        with self._lock:
-            if not self.closing:
-                self.closing = True
-                self.reason = reason
-            elif not self.reason:
-                self.reason = reason
-            self._out.clear()
-            self._out_bytes = 0
-            self._space.notify_all()
-        for s in (self.sock, self._wake_r, self._wake_w):
-            try:
-                s.close()
-            except OSError:
-                pass
-        self._inbuf = bytearray()
-        self._big = None
-        if self.on_close is not None:
-            self.on_close(self.reason)
-
-    def _loop(self) -> None:
-        poller = select.poll()
-        sfd = self.sock.fileno()
-        poller.register(self._wake_r.fileno(), select.POLLIN)
-        poller.register(sfd, select.POLLIN)
-        registered = select.POLLIN
-        paused = False
-        while not self.closing:
-            if self.producer is not None:
-                while self._out_bytes < self.out_low and not self.closing and self.producer():
-                    pass
-            now_paused = self.pause_when_full and self._out_bytes >= self.out_high
-            if paused and not now_paused and (self._inbuf or self._big is not None):
-                self._partial_since = time.monotonic()   # the peer's clock stood still too
-            paused = now_paused
-            if not paused and self.tls and self.sock.pending():
-                self._read()
-                self._write()
-                continue
-            want = 0
-            if not paused or self._write_wants_read:
-                want |= select.POLLIN
-            if self._out_bytes or self._read_wants_write:
-                want |= select.POLLOUT
-            if want != registered:
-                poller.modify(sfd, want)
-                registered = want
-            events = poller.poll(1000)
-            readable = writable = False
-            for fd, ev in events:
-                if fd == sfd:
-                    if ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
-                        readable = True
-                    if ev & (select.POLLOUT | select.POLLHUP | select.POLLERR):
-                        writable = True
-                else:
-                    try:
-                        while self._wake_r.recv(4096):
-                            pass
-                    except OSError:
-                        pass
-            if self.closing:
-                break
-            if writable or (readable and self._write_wants_read):
-                self._write()
-            if readable and (not paused or self._read_wants_write):
-                self._read()
-            elif writable and self._read_wants_write:
-                self._read()
-            self._check_deadlines()
-
-    def _check_deadlines(self) -> None:
-        now = time.monotonic()
-        if (self._partial_since is not None and (self._inbuf or self._big is not None)
-                and now - self._partial_since > self.frame_seconds):
-            raise ConnectionLost("slow peer: frame incomplete after %.0f s" % self.frame_seconds)
-        if self._out_bytes and now - self._last_progress > self.stall_seconds:
-            raise ConnectionLost("peer stopped reading for %.0f s" % self.stall_seconds)
-
-    def _read(self) -> None:
-        self._read_wants_write = False
-        got = 0
-        while got < RECV_BUDGET and not self.closing:
-            big = self._big
-            try:
-                if big is not None:
-                    # The rest of a large frame goes straight into its own buffer.
-                    with memoryview(big) as mv:
-                        n = self.sock.recv_into(mv[self._big_got:])
-                elif self._inbuf:
-                    data = self.sock.recv(SEND_MAX)
-                    n = len(data)
-                else:
-                    n = self.sock.recv_into(self._stage)
-            except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
-                break
-            except ssl.SSLWantWriteError:
-                self._read_wants_write = True
-                break
-            if not n:
-                if self._inbuf or self._big is not None:
-                    raise ConnectionLost("truncated frame: peer closed mid-frame")
-                raise ConnectionLost("peer closed")
-            got += n
-            if big is not None:
-                self._big_got += n
-                if self._big_got == len(big):
-                    self._big = None
-                    self._partial_since = None
-                    self._deliver(big)
-            elif self._inbuf:
-                self._inbuf += data
-                self._parse(self._inbuf, len(self._inbuf), True)
-            else:
-                self._partial_since = time.monotonic()
-                self._parse(self._stage, n, False)
-            if self.pause_when_full and self._out_bytes >= self.out_high:
-                break
-
-    def _parse(self, buf: bytearray, end: int, owned: bool) -> None:
-        """Deliver the whole frames in buf[:end]; keep the rest: a large partial
-        frame in a buffer of its own size, a small one in _inbuf. `owned`: buf is
-        _inbuf (else the staging buffer, which the next recv overwrites)."""
-        tag = TAG_BYTES if self.recv_key is not None else 0
-        pos = 0
-        with memoryview(buf) as mv:
-            while end - pos >= 4 and not self.closing:
-                (n,) = _LEN.unpack_from(buf, pos)
-                if n < 2 or n > self.max_frame:
-                    raise wire.FrameError("frame length %d out of bounds" % n)
-                need = 4 + n + tag
-                if end - pos < need:
-                    break
-                self._deliver(mv[pos:pos + need])
-                pos += need
-                self._partial_since = time.monotonic()
-            if self.closing:
-                return
-            rest = end - pos
-            if rest >= 4 and 4 + _LEN.unpack_from(buf, pos)[0] + tag >= BIG_FRAME:
-                big = bytearray(4 + _LEN.unpack_from(buf, pos)[0] + tag)
-                big[:rest] = mv[pos:end]
-                self._big, self._big_got = big, rest
-                rest = 0
-            leftover = bytes(mv[end - rest:end]) if rest else b""
-        if owned:
-            buf[:] = leftover
-        else:
-            self._inbuf = bytearray(leftover)
-        if not rest and self._big is None:
-            self._partial_since = None
-
-    def _deliver(self, frame: Any) -> None:
-        """Check a whole frame (length prefix, body, tag) and hand its body on
-        (a memoryview, valid only during the call)."""
-        with memoryview(frame) as mv:
-            end = len(mv)
-            if self.recv_key is not None:
-                end -= TAG_BYTES
-                h = hmac.new(self.recv_key, _SEQ.pack(self.recv_seq), hashlib.sha256)
-                h.update(mv[:end])
-                if not hmac.compare_digest(h.digest()[:TAG_BYTES], mv[end:]):
-                    raise wire.FrameError("bad frame MAC")
-                self.recv_seq += 1
-            self.frames_in += 1
-            if self.on_frame is not None:
-                self.on_frame(mv[4:end])
-
-    def _write(self) -> None:
-        self._write_wants_read = False
-        sent = 0
-        while sent < RECV_BUDGET:
-            with self._lock:
-                if not self._out:
-                    return
-                head = self._out[0]
-                off = self._head_off
-            n_try = self._retry_len or min(len(head) - off, SEND_MAX)
-            try:
-                with memoryview(head) as mv:
-                    n = self.sock.send(mv[off:off + n_try])
-            except ssl.SSLWantWriteError:
-                self._retry_len = n_try
-                return
-            except ssl.SSLWantReadError:
-                self._retry_len = n_try
-                self._write_wants_read = True
-                return
-            except (BlockingIOError, InterruptedError):
-                return
-            self._retry_len = 0
-            if n <= 0:
-                return
-            sent += n
-            with self._lock:
-                self._head_off += n
-                self._out_bytes -= n
-                if self._head_off >= len(head):
-                    self._out.popleft()
-                    self._head_off = 0
-                if self._out_bytes < self.out_high:
-                    self._space.notify_all()
-                self._last_progress = time.monotonic()

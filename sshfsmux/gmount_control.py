@@ -23,17 +23,14 @@ from __future__ import annotations
 import os
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Set
+from typing import Any, Callable, Dict, List, Optional, Set
 
 from gxpstyle import wire
 from gxpstyle.schema import Bool, Opt, Rec, Str
 from gxpstyle.services import Service, Verb
+from sshfsmux import mount_nesting
 
-MODULES = [
-    "sshfsmux.branch", "sshfsmux.confined_paths", "sshfsmux.fs_protocol",
-    "sshfsmux.local_branch", "sshfsmux.direct_branch", "sshfsmux.replica_cache",
-    "sshfsmux.merged_fs", "sshfsmux.export_server", "sshfsmux.gmount_node", "mfusepy",
-]
+from sshfsmux.gmount_node import NODE_MODULES as MODULES   # the mount code's own list
 SERVICE_TIMEOUT = 30.0
 ROLE = "gmount"
 ROLE_MODULE = "sshfsmux.gmount_node"
@@ -44,9 +41,8 @@ UMOUNT_ARGS = Rec(None, {"mountpoint": Opt(Str(4096, empty=False))})
 
 
 def nested(a: str, b: str) -> bool:
-    """Is one of two absolute paths the other or inside it?"""
-    a, b = os.path.normpath(a), os.path.normpath(b)
-    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+    """Is one of two absolute, normalized paths the other or inside it?"""
+    return mount_nesting.inside(a, b) or mount_nesting.inside(b, a)
 
 
 @dataclass
@@ -86,10 +82,15 @@ class GMountService(Service):
         if not (export.startswith("/") and mountpoint.startswith("/")):
             raise ValueError("mount: EXPORT and MOUNTPOINT must be absolute paths")
         export, mountpoint = os.path.normpath(export), os.path.normpath(mountpoint)
-        if nested(export, mountpoint):
-            # A mount inside its own export would list itself forever.
-            raise ValueError("mount: the mountpoint %s and the export %s must not be inside "
-                             "each other" % (mountpoint, export))
+        # A mount inside its own export would list itself forever: refuse
+        # here, before any node starts (each node checks again, through
+        # symlinks and cascades, with the same words).
+        if mount_nesting.inside(export, mountpoint):
+            raise ValueError("mount: export %s is inside the mountpoint %s: the mount would "
+                             "contain itself" % (export, mountpoint))
+        if mount_nesting.inside(mountpoint, export):
+            raise ValueError("mount: mountpoint %s is inside the export %s: the mount would "
+                             "contain itself" % (mountpoint, export))
         for other in self.mounts.values():
             if nested(mountpoint, other.mountpoint) or nested(export, other.mountpoint):
                 raise ValueError("mount: %s overlaps the session's mount at %s"
@@ -113,10 +114,11 @@ class GMountService(Service):
         config = {"export": export, "mountpoint": mountpoint,
                   "ro": bool(args.get("ro")), "cipher": bool(args.get("cipher", True))}
         for nid in nodes:
+            def up(ok: bool, reason: str, info: Dict[str, Any], child: str, nid: str = nid) -> None:
+                self._service_up(m, nid, ok, reason, info, child)
             self.head.spawn_service(
                 nid, "gmount@" + self._name(nid), ROLE, ROLE_MODULE, dict(config, node=self._name(nid)),
-                SERVICE_TIMEOUT,
-                lambda ok, reason, info, child, nid=nid: self._service_up(m, nid, ok, reason, info, child))
+                SERVICE_TIMEOUT, up)
 
     def _service_up(self, m: Mount, nid: str, ok: bool, reason: str, info: Dict[str, Any],
                     child: str) -> None:
@@ -142,8 +144,10 @@ class GMountService(Service):
             return
         m.pending = set(m.services)
         for nid, sid in m.services.items():
+            def mounted(ok: bool, error: str, result: Dict[str, Any], nid: str = nid) -> None:
+                self._mounted(m, nid, ok, error)
             self.head.call_service(sid, "mount", {"peers": [p for p in peers if p["id"] != nid]},
-                                   lambda ok, error, result, nid=nid: self._mounted(m, nid, ok, error))
+                                   mounted)
 
     def _mounted(self, m: Mount, nid: str, ok: bool, error: str) -> None:
         if ok:
@@ -172,7 +176,7 @@ class GMountService(Service):
         pending: Set[str] = set()
         failed: Dict[str, str] = {}
         done_nodes: List[str] = []
-        finished = []
+        finished: List[bool] = []
 
         def finish() -> None:
             if not pending and not finished:
@@ -210,8 +214,9 @@ class GMountService(Service):
                     pending.add(key)
                     self.head.say(cid, req, "gxpc: umount: %s: the mount service had died (%s); "
                                   "detaching its mount" % (name, node.reason if node else "gone"))
-                    self._detach(nid, m.mountpoint,
-                                 lambda error, key=key, name=name: settle(key, name, error))
+                    def detached(error: str, key: str = key, name: str = name) -> None:
+                        settle(key, name, error)
+                    self._detach(nid, m.mountpoint, detached)
                     if node is not None:
                         node.state = "gone"
         finish()
@@ -223,7 +228,7 @@ class GMountService(Service):
         q = shlex.quote(mountpoint)
         cmd = ("awk '$2 == ENVIRON[\"GXP_MP\"] {f=1} END {exit !f}' /proc/self/mounts || exit 0; "
                "fusermount3 -u -z %s 2>/dev/null || fusermount -u -z %s" % (q, q))
-        env = {"GXP_MP": escaped}
+        env: Dict[str, Optional[str]] = {"GXP_MP": escaped}
         job = self.head.job_table.new_id()
         self._detaching[(wire.HEAD, job)] = done
         self.head.job_table.start(self, wire.HEAD, job, [nid], cmd, lambda n, i: env, lambda n: "/")

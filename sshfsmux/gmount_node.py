@@ -15,13 +15,25 @@ import socket
 import struct
 import subprocess
 import threading
-import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Tuple
 
+    from sshfsmux.branch import Branch
+
 MOUNT_WAIT = 20.0
+
+# What the head pushes to a node for this service, dependencies first.
+NODE_MODULES = [
+    "sshfsmux.branch", "sshfsmux.confined_paths", "sshfsmux.fs_transport", "sshfsmux.fs_protocol",
+    "sshfsmux.local_branch", "sshfsmux.replica_cache", "sshfsmux.direct_channel",
+    "sshfsmux.direct_files", "sshfsmux.direct_branch",
+    "sshfsmux.mount_nesting", "sshfsmux.fuse_glue", "sshfsmux.merged_handles",
+    "sshfsmux.merged_changes", "sshfsmux.merged_xattrs", "sshfsmux.merged_fs",
+    "sshfsmux.export_server",
+    "sshfsmux.gmount_node", "mfusepy",
+]
 
 
 def local_addresses() -> "List[str]":
@@ -98,16 +110,23 @@ def unmount(mountpoint: str) -> str:
 
 
 def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Callable[[], None]]":
-    from sshfsmux.direct_branch import DirectBranch
+    from sshfsmux.direct_branch import CALL_SECONDS, MAX_CALL_SECONDS, DirectBranch
     from sshfsmux.export_server import ExportServer
     from sshfsmux.fs_protocol import data_channel_key
     from sshfsmux.local_branch import LocalBranch
-    from sshfsmux import merged_fs
+    from sshfsmux.replica_cache import ReplicaCache
+    from sshfsmux import merged_fs, mount_nesting
 
     export = os.path.abspath(config["export"])
     mountpoint = os.path.abspath(config["mountpoint"])
     ro = bool(config.get("ro"))
     cipher = bool(config.get("cipher", True))
+    # how long a peer may leave a request unanswered before its files give EIO
+    timeout = config.get("timeout", CALL_SECONDS)
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+            or not 1 <= timeout <= MAX_CALL_SECONDS):
+        raise ValueError("timeout %r: give a number of seconds from 1 to %d"
+                         % (timeout, MAX_CALL_SECONDS))
     if not os.path.isdir(export):
         raise ValueError("export %s: no such directory" % export)
     if not os.path.isdir(mountpoint):
@@ -117,13 +136,16 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
             raise ValueError("mountpoint %s: %s" % (mountpoint, e.strerror))
     if is_mounted(mountpoint):
         raise ValueError("mountpoint %s: already a mount point" % mountpoint)
+    try:
+        places = mount_nesting.check_export(export, mountpoint, socket.gethostname())
+    except mount_nesting.NestingError as e:
+        raise ValueError(str(e))
     # The name peers and the location attribute know this host by (as explored).
     host_name = str(config.get("node") or node.name)
     certfile, keyfile = node.tls_files()
     pin = node.opts["pin"]
     key = data_channel_key(node.secret)
     cache_dir = os.path.join(node.ensure_session_dir(), "replicas")
-    os.makedirs(cache_dir, 0o700, exist_ok=True)
 
     def log(text: str) -> None:
         node.loop.call_soon_threadsafe(lambda: node.log(text))
@@ -132,6 +154,11 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
     own = local_addresses()
     state: "Dict[str, Any]" = {"fs": None, "stop": False, "reply": None}
     go = threading.Event()
+    settled = threading.Event()
+
+    def on_ready() -> None:
+        state["up"] = True
+        settled.set()
 
     def in_loop(fn: "Callable[..., None]", *args: "Any") -> None:
         node.loop.call_soon_threadsafe(lambda: fn(*args))
@@ -143,27 +170,33 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
 
         def work() -> None:
             try:
-                branches = [LocalBranch(export, node=host_name)]
+                # one replica store for every peer, kept for the session
+                cache = ReplicaCache.persistent(cache_dir)
+                branches = [LocalBranch(export, node=host_name)]  # type: List[Branch]
                 for p in args.get("peers", []):
                     host = pick_address(list(p.get("addrs") or []), own)
                     branches.append(DirectBranch(host, int(p["port"]), key, pin, node=str(p["node"]),
-                                                 cipher=cipher, cache_dir=cache_dir))
+                                                 cipher=cipher, cache=cache,
+                                                 timeout=float(timeout)))
                 state["fs"] = merged_fs.MergedFS(branches, mountpoint=mountpoint, read_only=ro,
-                                                 node=host_name, log=log)
+                                                 node=host_name, log=log, branch_places=places,
+                                                 on_ready=on_ready)
+            except OSError as e:
+                in_loop(reply, False, "cannot mount %s: %s" % (mountpoint, e.strerror or e))
+                return
             except Exception as e:
-                in_loop(reply, False, "%s: %s" % (e.__class__.__name__, e))
+                in_loop(reply, False, "cannot mount %s: %s" % (mountpoint, e))
                 return
             state["reply"] = reply
             go.set()
-            deadline = time.monotonic() + MOUNT_WAIT
-            while time.monotonic() < deadline and not state["stop"]:
-                if is_mounted(mountpoint):
-                    in_loop(reply, True, "", {"mountpoint": mountpoint})
-                    return
-                if state.get("error"):
-                    break
-                time.sleep(0.02)
-            in_loop(reply, False, state.get("error") or "mount did not appear within %gs" % MOUNT_WAIT)
+            # FUSE's init callback (the mount is up) or the runner's end (it
+            # failed) sets `settled`; the bound only covers a libfuse that hangs
+            settled.wait(MOUNT_WAIT)
+            if state.get("up"):
+                in_loop(reply, True, "", {"mountpoint": mountpoint})
+                return
+            in_loop(reply, False, state.get("error") or ("mount stopped" if state["stop"] else
+                                                         "mount did not appear within %gs" % MOUNT_WAIT))
         threading.Thread(target=work, daemon=True).start()
 
     def umount_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
@@ -175,6 +208,7 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
     def cleanup() -> None:
         state["stop"] = True
         go.set()
+        settled.set()
         if is_mounted(mountpoint):
             unmount(mountpoint)
         server.close()
@@ -186,7 +220,9 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
         try:
             merged_fs.run_fuse(state["fs"], mountpoint, foreground=True)
         except Exception as e:
-            state["error"] = "%s: %s" % (e.__class__.__name__, e)
+            state["error"] = "cannot mount %s: %s" % (mountpoint, e)
+        finally:
+            settled.set()
 
     node.role_handlers = {"mount": mount_call, "umount": umount_call}
     node.role_cleanup = cleanup

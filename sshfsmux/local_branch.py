@@ -23,7 +23,7 @@ from .branch import Branch, ReadHandle, WriteHandle, stat_dict
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, List, Optional, Tuple
+    from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 # flags a branch passes to open(2); the kernel already resolved O_APPEND into
 # offsets, so it must not be applied twice.
@@ -94,7 +94,7 @@ class LocalBranch(Branch):
         self.realroot = os.path.realpath(root)
         self.node = node or socket.gethostname()
         self.name = name or self.root
-        self.exclude = set()
+        self.exclude: "Set[str]" = set()
         for p in exclude:
             self.add_exclude(p)
         self.writable = os.access(self.realroot, os.W_OK)

@@ -16,9 +16,11 @@ import re
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List
+    from typing import List, Optional
 
 VERSION = "0.1.0"
+DEFAULT_TIMEOUT = 30
+MAX_TIMEOUT = 3600
 
 USAGE = """\
 usage: sshfsm [options] BRANCH... MOUNTPOINT
@@ -38,6 +40,10 @@ options:
         IdentityFile=FILE    ssh private key to try first
         reconnect            re-open a dropped ssh connection (once per drop)
         ServerAliveInterval=N  ssh keepalive every N seconds
+        timeout=N            a branch host that answers no request for N
+                             seconds (1-3600, default 30) counts as gone:
+                             accesses to it fail with EIO (Input/output
+                             error), and fail at once for 5 s after that
         ro                   read-only mount (writes fail with EROFS)
         rw                   read-write mount (default)
         allow_other          let other users in (needs user_allow_other in
@@ -81,16 +87,17 @@ class MountError(Exception):
 
 class Options:
     def __init__(self) -> None:
-        self.branches = []  # type: List[str]
+        self.branches: "List[str]" = []
         self.mountpoint = ""
-        self.port = None  # type: Optional[int]
-        self.identity_file = None  # type: Optional[str]
+        self.port: "Optional[int]" = None
+        self.identity_file: "Optional[str]" = None
         self.reconnect = False
         self.server_alive = 0
+        self.timeout = DEFAULT_TIMEOUT
         self.ro = False
         self.allow_other = False
         self.default_permissions = False
-        self.cache_dir = None  # type: Optional[str]
+        self.cache_dir: "Optional[str]" = None
         self.transport = "ssh"
         self.foreground = False
         self.debug = False
@@ -107,7 +114,8 @@ def _int(name: str, value: str, lo: int, hi: int) -> int:
     except ValueError:
         n = lo - 1
     if not lo <= n <= hi:
-        raise UsageError("bad value for option '%s': '%s'" % (name, value))
+        raise UsageError("bad value for option '%s': '%s' (a whole number from %d to %d)"
+                         % (name, value, lo, hi))
     return n
 
 
@@ -124,6 +132,8 @@ def _apply(o: Options, opt: str) -> None:
         o.identity_file = value
     elif k == "serveraliveinterval" and eq:
         o.server_alive = _int(key, value, 0, 86400)
+    elif k == "timeout" and eq:
+        o.timeout = _int(key, value, 1, MAX_TIMEOUT)
     elif k == "cache_dir" and eq:
         if not value:
             raise UsageError("bad value for option 'cache_dir': ''")

@@ -1,13 +1,28 @@
-"""Per-mount cache of whole-file replicas of remote files.
+"""The replica store: whole-file local copies of remote files, for SFTP and
+direct branches alike.
 
-A replica is a local copy of one version (size and whole-second mtime) of one
-remote file. It is written to a temporary name (`*.part`) while it streams in and
-renamed to its final name only once every byte is there, so a replica is either
-complete or not visible at all; it is never modified afterwards (a new version
-of the file gets a new replica). The cache directory is private to one mount
-(mode 0700, made with mkdtemp) and removed when the mount ends.
+A replica is a local copy of one version of one remote file. A version is a
+tuple of integers whose first element is the size: (size, mtime) for SFTP,
+(size, mtime_ns, ctime_ns, inode) for the direct data channel. A replica is
+written to a temporary name (TMP_PREFIX...) while it streams in; commit()
+verifies its length against the version and renames it to its final name
+(hash of the key, then the version), so a replica is either complete or not
+visible at all, and never modified afterwards (a new version of the file gets
+a new replica, and the old one goes). A change of the file through the mount
+(invalidate) while a replica streams in makes that commit fail.
 
-Standard library only.
+Two kinds of store:
+- ReplicaCache(parent): private to one mount (a fresh mkdtemp directory, 0700)
+  and removed when the mount ends (sshfsm; a direct branch without a cache
+  directory).
+- ReplicaCache.persistent(dir): a directory that outlives the mount (GMount's
+  per-session cache): complete replicas found there are used again, damaged
+  ones (length not the one in their name) and stale temporary files removed.
+
+Space: at most `limit` bytes of replicas (default: half the free space where
+the store is); the least recently used go first.
+
+Standard library only, Python 3.8 syntax (runs on nodes).
 """
 from __future__ import annotations
 
@@ -15,15 +30,19 @@ import errno
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional, Tuple
+    from typing import Dict, Optional, Tuple
 
+TMP_PREFIX = ".tmp-"        # temporary files: TMP_PREFIX...PART_SUFFIX
 PART_SUFFIX = ".part"
+TMP_MAX_AGE = 3600.0        # leftovers of a crashed run older than this are removed
+HASH_CHARS = 40
 
 
 def default_parent() -> str:
@@ -34,34 +53,44 @@ def default_parent() -> str:
     return "/tmp"
 
 
-class Entry:
-    __slots__ = ("key", "file", "size", "mtime", "used")
+def key_hash(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:HASH_CHARS]
 
-    def __init__(self, key: str, file: str, size: int, mtime: int) -> None:
-        self.key = key
+
+def final_name(h: str, version: "Tuple[int, ...]") -> str:
+    return ".".join([h] + [str(int(v)) for v in version])
+
+
+class Entry:
+    __slots__ = ("key", "file", "version", "used")
+
+    def __init__(self, key: "Optional[str]", file: str, version: "Tuple[int, ...]") -> None:
+        self.key = key          # None for a replica found on disk (only its hash is known)
         self.file = file
-        self.size = size
-        self.mtime = mtime
+        self.version = version
         self.used = time.monotonic()
+
+    @property
+    def size(self) -> int:
+        return self.version[0]
 
 
 class Download:
-    """One replica being written: a private temporary file in the cache."""
+    """One replica being written: a private temporary file in the store."""
 
-    def __init__(self, cache: "ReplicaCache", key: str, size: int, mtime: int) -> None:
+    def __init__(self, cache: "ReplicaCache", key: str, version: "Tuple[int, ...]") -> None:
         self.cache = cache
         self.key = key
-        self.size = size
-        self.mtime = mtime
-        fd, self.temp = tempfile.mkstemp(prefix=cache.file_name(key) + ".",
-                                         suffix=PART_SUFFIX, dir=cache.dir)
+        self.version = version
+        self.size = version[0]
+        fd, self.temp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=PART_SUFFIX, dir=cache.dir)
         self.fd = fd
         self.finished = False
 
     def commit(self) -> "Optional[str]":
-        """Publish the (complete) temporary file as the replica. Returns its
-        path, or None if the cache is gone or the version was invalidated while
-        it streamed in."""
+        """Publish the temporary file as the replica if it is complete (its
+        length is the version's size). Returns its path, or None if it is not,
+        the store is closed, or the file was changed while it streamed in."""
         if self.finished:
             return None
         self.finished = True
@@ -71,24 +100,34 @@ class Download:
         if self.finished:
             return
         self.finished = True
-        try:
-            os.unlink(self.temp)
-        except OSError:
-            pass
+        _unlink(self.temp)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 class ReplicaCache:
-    """Complete replicas, keyed by an opaque string (branch name + path)."""
+    """Complete replicas, keyed by an opaque string (branch and path)."""
 
-    def __init__(self, parent: "Optional[str]" = None, limit: "Optional[int]" = None) -> None:
-        parent = parent or default_parent()
-        os.makedirs(parent, mode=0o700, exist_ok=True)
-        self.dir = tempfile.mkdtemp(prefix="sshfsm-", dir=parent)
+    def __init__(self, parent: "Optional[str]" = None, limit: "Optional[int]" = None,
+                 directory: "Optional[str]" = None) -> None:
+        self.private = directory is None
+        if directory is None:
+            parent = parent or default_parent()
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+            self.dir = tempfile.mkdtemp(prefix="sshfsm-", dir=parent)
+        else:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            self.dir = directory
         os.chmod(self.dir, 0o700)
         self._lock = threading.Lock()
-        self._entries = {}  # type: Dict[str, Entry]
-        self._generation = {}  # type: Dict[str, int]
-        self._pending = {}  # type: Dict[int, Tuple[str, int]]
+        self._entries = {}  # type: Dict[str, Entry]  # key hash -> replica
+        self._generation = {}  # type: Dict[str, int]  # key hash -> changes seen
+        self._pending = {}  # type: Dict[int, Tuple[str, int, str]]  # download -> (hash, generation, key)
         if limit is None:
             try:
                 st = os.statvfs(self.dir)
@@ -97,107 +136,146 @@ class ReplicaCache:
                 limit = 1 << 30
         self.limit = max(int(limit), 1 << 20)
         self.closed = False
+        if not self.private:
+            self._load()
 
-    # -- names ---------------------------------------------------------
-    @staticmethod
-    def file_name(key: str) -> str:
-        return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:40]
+    @classmethod
+    def persistent(cls, directory: str, limit: "Optional[int]" = None) -> "ReplicaCache":
+        """A store in `directory` that is kept when it is closed."""
+        return cls(limit=limit, directory=directory)
+
+    def _load(self) -> None:
+        now = time.time()
+        for name in os.listdir(self.dir):
+            path = os.path.join(self.dir, name)
+            try:
+                st = os.lstat(path)
+                if name.startswith(TMP_PREFIX):
+                    if now - st.st_mtime > TMP_MAX_AGE:
+                        os.unlink(path)
+                    continue
+                parts = name.split(".")
+                if len(parts) < 3 or len(parts[0]) != HASH_CHARS:
+                    continue
+                version = tuple(int(x) for x in parts[1:])
+                # a length that is not the one in the name: damaged (a crash
+                # before the data reached the disk): never served
+                if (not stat.S_ISREG(st.st_mode) or st.st_size != version[0]
+                        or parts[0] in self._entries):
+                    os.unlink(path)
+                    continue
+                self._entries[parts[0]] = Entry(None, path, version)
+            except (OSError, ValueError):
+                continue
 
     # -- lookups -------------------------------------------------------
-    def get(self, key: str, size: int, mtime: int) -> "Optional[str]":
+    def get(self, key: str, *version: int) -> "Optional[str]":
         """Path of a complete replica of exactly this version, else None (a
         replica of another version is dropped)."""
+        h = key_hash(key)
         with self._lock:
-            e = self._entries.get(key)
+            e = self._entries.get(h)
             if e is None:
                 return None
-            if e.size == size and e.mtime == mtime and os.path.exists(e.file):
+            if e.version == tuple(version) and os.path.exists(e.file):
                 e.used = time.monotonic()
                 return e.file
-            self._drop(key)
+            self._drop(h)
             return None
 
-    def has(self, key: str, size: int, mtime: int) -> bool:
+    def current(self, key: str) -> "Optional[Tuple[Tuple[int, ...], str]]":
+        """(version, path) of the replica of `key`, whatever its version."""
         with self._lock:
-            e = self._entries.get(key)
-            return (e is not None and e.size == size and e.mtime == mtime
-                    and os.path.exists(e.file))
+            e = self._entries.get(key_hash(key))
+            if e is None:
+                return None
+            e.used = time.monotonic()
+            return e.version, e.file
 
-    def complete(self) -> "List[Tuple[str, int, int]]":
-        """(key, size, mtime) of every complete replica."""
+    def has(self, key: str, *version: int) -> bool:
         with self._lock:
-            return [(e.key, e.size, e.mtime) for e in self._entries.values()]
+            e = self._entries.get(key_hash(key))
+            return e is not None and e.version == tuple(version) and os.path.exists(e.file)
 
     def fits(self, size: int) -> bool:
         return size <= self.limit
 
     # -- changes -------------------------------------------------------
-    def begin(self, key: str, size: int, mtime: int) -> Download:
+    def begin(self, key: str, *version: int) -> Download:
         if self.closed:
             raise OSError(errno.EIO, "replica cache closed")
-        d = Download(self, key, size, mtime)
+        if not version or version[0] < 0:
+            raise ValueError("a version starts with the size")
+        d = Download(self, key, tuple(version))
         with self._lock:
-            self._pending[id(d)] = (key, self._generation.get(key, 0))
+            h = key_hash(key)
+            self._pending[id(d)] = (h, self._generation.get(h, 0), key)
         return d
 
     def _commit(self, d: Download) -> "Optional[str]":
         with self._lock:
-            key, gen = self._pending.pop(id(d), (d.key, -1))
-            if self.closed or gen != self._generation.get(key, 0):
-                try:
-                    os.unlink(d.temp)
-                except OSError:
-                    pass
+            h, gen, _ = self._pending.pop(id(d), (key_hash(d.key), -1, d.key))
+            try:
+                complete = os.stat(d.temp).st_size == d.size
+            except OSError:
+                complete = False
+            if self.closed or not complete or gen != self._generation.get(h, 0):
+                _unlink(d.temp)
                 return None
-            final = os.path.join(self.dir, self.file_name(key))
+            final = os.path.join(self.dir, final_name(h, d.version))
             try:
                 os.rename(d.temp, final)
             except OSError:
-                try:
-                    os.unlink(d.temp)
-                except OSError:
-                    pass
+                _unlink(d.temp)
                 return None
-            self._entries[key] = Entry(key, final, d.size, d.mtime)
-            self._evict_locked(keep=key)
+            old = self._entries.get(h)
+            if old is not None and old.file != final:
+                _unlink(old.file)
+            self._entries[h] = Entry(d.key, final, d.version)
+            self._evict_locked(keep=h)
             return final
 
     def invalidate(self, key: str) -> None:
+        h = key_hash(key)
         with self._lock:
-            self._generation[key] = self._generation.get(key, 0) + 1
-            self._drop(key)
+            self._generation[h] = self._generation.get(h, 0) + 1
+            self._drop(h)
 
     def invalidate_prefix(self, prefix: str) -> None:
-        """Drop every replica whose key is prefix or under prefix + '/'."""
+        """Drop every replica whose key is prefix or under prefix + '/' (of
+        those whose key is known: made by this store)."""
+        pre = prefix.rstrip("/") + "/"
         with self._lock:
-            for key in list(self._entries) + list(k for k, _ in self._pending.values()):
-                if key == prefix or key.startswith(prefix.rstrip("/") + "/"):
-                    self._generation[key] = self._generation.get(key, 0) + 1
-                    self._drop(key)
+            for h, e in list(self._entries.items()):
+                if e.key is not None and (e.key == prefix or e.key.startswith(pre)):
+                    self._drop(h)
+            for h, _, key in list(self._pending.values()):
+                if key == prefix or key.startswith(pre):
+                    self._generation[h] = self._generation.get(h, 0) + 1
 
-    def _drop(self, key: str) -> None:
-        e = self._entries.pop(key, None)
+    def _drop(self, h: str) -> None:
+        e = self._entries.pop(h, None)
         if e is not None:
-            try:
-                os.unlink(e.file)
-            except OSError:
-                pass
+            _unlink(e.file)
 
     def _evict_locked(self, keep: str) -> None:
         total = sum(e.size for e in self._entries.values())
         if total <= self.limit:
             return
-        for e in sorted(self._entries.values(), key=lambda e: e.used):
+        for h, e in sorted(self._entries.items(), key=lambda he: he[1].used):
             if total <= self.limit:
                 break
-            if e.key == keep:
+            if h == keep:
                 continue
             total -= e.size
-            self._drop(e.key)
+            self._drop(h)
 
     def close(self) -> None:
-        """Remove the cache directory and everything in it."""
+        """A private store is removed with everything in it; a persistent one
+        keeps its complete replicas."""
         with self._lock:
             self.closed = True
             self._entries.clear()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.private:
+            shutil.rmtree(self.dir, ignore_errors=True)
+

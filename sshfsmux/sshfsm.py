@@ -14,100 +14,55 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import socket
 import sys
 import tempfile
 import threading
 
+from . import mount_nesting
 from .mount_options import (USAGE, VERSION, MountError, Options, UsageError, check_allow_other,
                             check_mountpoint, host_of, is_remote, parse)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, List, Optional
+    from typing import Callable, List, Optional, Tuple
 
 PROG = "sshfsm"
 CHAIN_NAME = ".sshfsmux-chain"
 
 
 # --------------------------------------------------------------------------
-# the chain of cascaded mounts (loop detection)
+# the chain of cascaded mounts (loop detection: see mount_nesting)
 # --------------------------------------------------------------------------
-
-def _unescape(s: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
-
-
-def _our_mounts(text: str, mountinfo: bool) -> "List[str]":
-    """Mountpoints of fuse.sshfsm mounts in /proc/self/mountinfo or /proc/mounts text."""
-    out = []
-    for line in text.splitlines():
-        parts = line.split()
-        try:
-            if mountinfo:
-                sep = parts.index("-")
-                mp, fstype = parts[4], parts[sep + 1]
-            else:
-                mp, fstype = parts[1], parts[2]
-        except (ValueError, IndexError):
-            continue
-        if fstype == "fuse.sshfsm":
-            out.append(_unescape(mp))
-    return out
-
-
-def _containing(mounts: "List[str]", path: str) -> "Optional[str]":
-    best = None
-    for mp in mounts:
-        if path == mp or path.startswith(mp.rstrip("/") + "/"):
-            if best is None or len(mp) > len(best):
-                best = mp
-    return best
-
-
-def _lines(data: "Optional[bytes]") -> "List[str]":
-    if not data:
-        return []
-    return [x.strip() for x in data.decode("utf-8", "replace").splitlines() if x.strip()]
-
 
 def local_chain(path: str) -> "List[str]":
     """The chain of the mount of ours that `path` is in (empty if none)."""
-    real = os.path.realpath(path)
-    try:
-        with open("/proc/self/mountinfo") as f:
-            mounts = _our_mounts(f.read(), True)
-    except OSError:
-        mounts = []
-    out = []  # type: List[str]
-    for top in (_containing(mounts, real), real):
-        if not top:
-            continue
-        try:
-            with open(os.path.join(top, CHAIN_NAME), "rb") as f:
-                data = f.read(1 << 20)
-        except OSError:
-            continue
-        for line in _lines(data):
-            if line not in out:
-                out.append(line)
-        break
-    return out
+    return mount_nesting.local_lists(path)[0]
+
+
+def remote_lists(branch: "object") -> "Tuple[List[str], List[str]]":
+    """(chain, branch places) of the remote mount of ours a remote branch is in."""
+    root = branch.root  # type: ignore[attr-defined]
+    mounts = mount_nesting.our_mounts((branch.read_small(b"/proc/self/mounts") or b"").decode(  # type: ignore
+        "utf-8", "replace"), False)
+    rootstr = root.decode("utf-8", "surrogateescape")
+    top = mount_nesting.containing(mounts, rootstr)
+    for d in ([top] if top else []) + [rootstr]:
+        data = branch.read_small(os.path.join(d, CHAIN_NAME).encode("utf-8", "surrogateescape"))  # type: ignore
+        if data:
+            places = branch.read_small(os.path.join(d, mount_nesting.BRANCHES_NAME).encode(  # type: ignore
+                "utf-8", "surrogateescape"))
+            return mount_nesting.lines(data), mount_nesting.lines(places)
+    return [], []
 
 
 def remote_chain(branch: "object") -> "List[str]":
     """The chain of the remote mount of ours a remote branch is in (if any)."""
-    root = branch.root  # type: ignore[attr-defined]
-    mounts = _our_mounts((branch.read_small(b"/proc/self/mounts") or b"").decode(  # type: ignore
-        "utf-8", "replace"), False)
-    rootstr = root.decode("utf-8", "surrogateescape")
-    top = _containing(mounts, rootstr)
-    for d in ([top] if top else []) + [rootstr]:
-        data = branch.read_small(os.path.join(d, CHAIN_NAME).encode("utf-8", "surrogateescape"))  # type: ignore
-        if data:
-            return _lines(data)
-    return []
+    return remote_lists(branch)[0]
+
+
+def _nested(e: mount_nesting.NestingError) -> MountError:
+    return MountError(str(e))
 
 
 def _loop(spec: str, me: str) -> MountError:
@@ -122,8 +77,9 @@ class Prepared:
     def __init__(self) -> None:
         self.mountpoint = ""
         self.me = ""
-        self.local = {}  # type: dict   spec -> real path
+        self.local = {}  # type: dict  # spec -> real path
         self.chain = []  # type: List[str]
+        self.places = []  # type: List[str]  # host:path of every branch, at any depth
 
 
 def prepare(o: Options) -> Prepared:
@@ -132,7 +88,8 @@ def prepare(o: Options) -> Prepared:
     # so that stacking on a mount of ours is reported as the loop it is
     mp = check_mountpoint(o.mountpoint, must_be_empty=False)
     p.mountpoint = mp
-    p.me = "%s:%s" % (socket.gethostname(), mp)
+    host = socket.gethostname()
+    p.me = "%s:%s" % (host, mp)
     for spec in o.branches:
         if is_remote(spec):
             continue
@@ -141,15 +98,21 @@ def prepare(o: Options) -> Prepared:
             raise MountError("%s: %s" % (spec, os.strerror(errno.ENOENT)))
         if not os.path.isdir(real):
             raise MountError("%s: %s" % (spec, os.strerror(errno.ENOTDIR)))
-        if real == mp or real.startswith(mp.rstrip("/") + "/"):
+        if mount_nesting.inside(real, mp):
             raise _loop(spec, p.me)
-        chain = local_chain(real)
+        # (a local branch holding the mountpoint is fine: LocalBranch hides it)
+        chain, places = mount_nesting.local_lists(real)
         if p.me in chain:
             raise _loop(spec, p.me)
+        try:
+            mount_nesting.check_places(spec, places, host, mp)
+        except mount_nesting.NestingError as e:
+            raise _nested(e)
         p.local[spec] = real
         for line in chain:
             if line not in p.chain:
                 p.chain.append(line)
+        p.places += ["%s:%s" % (host, real)] + places
     check_mountpoint(o.mountpoint, must_be_empty=True)
     check_allow_other(o)
     return p
@@ -223,7 +186,7 @@ def _connect_remotes(o: Options, specs: "List[str]", cache: "object") -> "List[o
         try:
             results[spec] = SftpBranch(spec, port=o.port, identity_file=o.identity_file,
                                        reconnect=o.reconnect, cache=cache,
-                                       server_alive=o.server_alive)
+                                       server_alive=o.server_alive, timeout=o.timeout)
         except ConnectError as e:
             results[spec] = MountError("%s: %s" % (host_of(spec), e))
         except OSError as e:
@@ -272,21 +235,30 @@ def run(o: Options, p: Prepared, ready: "Callable[[], None]",
         remote_specs = [s for s in o.branches if is_remote(s)]
         remotes = dict(zip(remote_specs, _connect_remotes(o, remote_specs, cache)))
         chain = list(p.chain)
+        places = list(p.places)
         host = socket.gethostname()
         for spec in remote_specs:
             rb = remotes[spec]
-            rc = remote_chain(rb)
+            rc, rplaces = remote_lists(rb)
             if p.me in rc:
                 raise _loop(spec, p.me)
             # a remote branch that is this very host and this mountpoint (or below)
-            remote_host = _lines(rb.read_small(b"/proc/sys/kernel/hostname"))  # type: ignore
+            remote_host = mount_nesting.lines(rb.read_small(b"/proc/sys/kernel/hostname"))  # type: ignore
             root = rb.root.decode("utf-8", "surrogateescape")  # type: ignore
-            if remote_host == [host] and (root == p.mountpoint or
-                                          root.startswith(p.mountpoint.rstrip("/") + "/")):
+            if remote_host == [host] and mount_nesting.inside(root, p.mountpoint):
                 raise _loop(spec, p.me)
+            if remote_host == [host] and mount_nesting.inside(p.mountpoint, root):
+                # over SFTP nothing hides the mountpoint: it would show the mount itself
+                raise MountError("%s holds the mountpoint %s: the mount would contain itself"
+                                 % (spec, p.mountpoint))
+            try:
+                mount_nesting.check_places(spec, rplaces, host, p.mountpoint)
+            except mount_nesting.NestingError as e:
+                raise _nested(e)
             for line in rc:
                 if line not in chain:
                     chain.append(line)
+            places += ["%s:%s" % (remote_host[0] if remote_host else host_of(spec), root)] + rplaces
         for spec in o.branches:
             if spec in remotes:
                 branches.append(remotes[spec])
@@ -305,7 +277,7 @@ def run(o: Options, p: Prepared, ready: "Callable[[], None]",
             ready()
 
         fs = MergedFS(branches, mount_id=p.me, chain=chain, readonly=o.ro, log=log,  # type: ignore
-                      debug=o.debug, on_ready=on_ready)
+                      debug=o.debug, on_ready=on_ready, branch_places=places)
         fuse_opts = dict(fsname=_fsname(o.branches), subtype=PROG)  # type: dict
         if o.allow_other:
             fuse_opts["allow_other"] = True

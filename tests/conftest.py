@@ -3,10 +3,14 @@
 The product runs as an ordinary user that the tests create (root is for the test
 bed only), from the installed venv (`scripts/install`), never from the checkout.
 Every session a test opens is quit at the end, and the test errors if any agent
-of that session is still alive afterwards.
+of that session is still alive afterwards. The run as a whole fails when it
+leaves anything behind (leaks.py: files in /tmp and /var/tmp, FUSE mounts,
+network namespaces, test-bed users, processes); GXP_LEAK_CHECK=report only
+reports, for a machine where several runs share /tmp.
 """
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import signal
@@ -19,12 +23,42 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import leaks  # noqa: E402
 import testbed  # noqa: E402
 
 from gxpstyle import session as gxsession  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IS_ROOT = os.getuid() == 0
+
+
+_LEAKS_KEY = pytest.StashKey[dict]()
+
+
+def pytest_sessionstart(session) -> None:
+    session.config.stash[_LEAKS_KEY] = leaks.snapshot()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Fail the run when it left a file, directory, process, mount, network
+    namespace or user behind (after every fixture's teardown: trylast)."""
+    before = session.config.stash.get(_LEAKS_KEY, None)
+    if before is None:
+        return
+    left = leaks.leftovers(before)
+    if not left:
+        return
+    report_only = os.environ.get("GXP_LEAK_CHECK") == "report"
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    write = reporter.write_line if reporter else (lambda line: print(line, file=sys.stderr))
+    if reporter:
+        reporter.write_sep("=", "the run left %d thing%s behind" % (len(left), "s" * (len(left) != 1)),
+                           red=not report_only)
+    for line in left:
+        write("  " + line)
+    if not report_only and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def venv_dir() -> str:
@@ -47,6 +81,14 @@ class Gxp:
         self.session_dir = session_dir
         self.tag = "gxp-agent:" + gxsession.session_name(session_dir)
         self.gxpc = gxpc_path()
+        self.tags: list = []
+
+    def new_tag(self) -> str:
+        """A fresh tag for the test's own scratch paths on the head, /tmp/<name>-<tag>:
+        they are removed when the session is quit."""
+        tag = uuid.uuid4().hex[:6]
+        self.tags.append(tag)
+        return tag
 
     def argv(self, args) -> list:
         return [self.gxpc, "--session", self.session_dir] + list(args)
@@ -123,8 +165,28 @@ def _finish(g: Gxp) -> None:
         except ProcessLookupError:
             pass
     shutil.rmtree(os.path.dirname(g.session_dir), ignore_errors=True)
+    mounted = _remove_scratch(g.tags)
+    if mounted:
+        pytest.fail("mounts of session %s survived quit: %s" % (g.session_dir, mounted))
     if leaked:
         pytest.fail("processes of session %s survived quit: %s" % (g.session_dir, leaked))
+
+
+def _remove_scratch(tags: list) -> list:
+    """Remove /tmp/*-<tag> for every tag; return the ones still mounted (kept: a
+    recursive removal would go through the mount into the exports)."""
+    with open("/proc/mounts") as f:
+        mountpoints = {line.split()[1] for line in f}
+    mounted = []
+    for tag in tags:
+        for path in glob.glob("/tmp/*-" + tag):
+            if path in mountpoints:
+                mounted.append(path)
+            elif os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+    return mounted
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from gxpstyle import link_auth, serializer, wire
-from sshfsmux import confined_paths, direct_branch, export_server, fs_protocol
+from sshfsmux import confined_paths, direct_branch, export_server, fs_protocol, fs_transport
 from test_link_auth import send_and_drain
 
 SECRET = os.urandom(32)
@@ -115,15 +115,11 @@ class Raw:
         self.req = 0
 
     def send_frame(self, frame):
-        if self.send_key is not None:
-            frame += self.tag(self.send_key, self.send_seq, frame)
+        if self.send_key is not None:        # cipher=none: the tag is the source address
+            head, message = fs_transport.tag_frame(self.send_key, self.send_seq, frame)
+            frame = head + bytes(message)
             self.send_seq += 1
         self.sock.sendall(frame)
-
-    @staticmethod
-    def tag(key, seq, frame):
-        import hmac
-        return hmac.new(key, seq.to_bytes(8, "big") + frame, hashlib.sha256).digest()[:16]
 
     def send_msg(self, msg):
         self.send_frame(wire.encode_frame("fs", "c", msg))
@@ -142,7 +138,7 @@ class Raw:
         n = int.from_bytes(head, "big")
         body = self._recv_exact(n)
         if self.recv_key is not None:
-            assert self._recv_exact(16) == self.tag(self.recv_key, self.recv_seq, head + body)
+            fs_transport.check_tag(self.recv_key, self.recv_seq, body)
             self.recv_seq += 1
         return fs_protocol.decode(body, ("fs_reply", "fs_data"))
 
@@ -873,7 +869,8 @@ def _killer_frame(r, good):
             {"op": "fs_call", "req": 1 << 80, "call": "getattr", "args": {}},
             {"op": "fs_call", "call": "getattr", "args": {}}]))
     if kind == 5:       # not a dict, or nested too deep, or lying counts
-        body = b"\x02fs\x01c" + r.choice([serializer.dumps([1, 2]), b"\x01" + b"l\x00\x00\x00\x01" * 40 + b"N",
+        body = b"\x02fs\x01c" + r.choice([serializer.dumps([1, 2]),
+                                          b"\x01" + b"l\x00\x00\x00\x01" * 40 + b"N",
                                           b"\x01m\x7f\xff\xff\xff", b"\x01s\xff\xff\xff\xff"])
         return len(body).to_bytes(4, "big") + body
     if kind == 6:       # a frame cut short, then the peer closes

@@ -65,7 +65,7 @@ def explore(g, hosts):
 def test_gmount_every_node_sees_every_file_and_umount_is_clean(bed, g):
     hosts = HOSTS
     explore(g, hosts)
-    tag = uuid.uuid4().hex[:6]
+    tag = g.new_tag()
     export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
     g.ok("e", "mkdir -p %s %s" % (export, mnt))
     t0 = time.monotonic()
@@ -80,8 +80,8 @@ def test_gmount_every_node_sees_every_file_and_umount_is_clean(bed, g):
     r = g.ok("e", "-b", "ls %s | sort | tr '\\n' ' '" % mnt)
     expected = " ".join(sorted(["from-" + n for n in hosts] + ["from-head"]))
     assert r.stdout.count(expected) == 1 and "(%d)" % (len(hosts) + 1) in r.stdout
-    r = g.ok("e", "--hosts", "tg01", "cat %s/from-tg16; getfattr --only-values -n user.sshfsmux.location %s/from-tg16"
-             % (mnt, mnt))
+    r = g.ok("e", "--hosts", "tg01",
+             "cat %s/from-tg16; getfattr --only-values -n user.sshfsmux.location %s/from-tg16" % (mnt, mnt))
     assert r.stdout.splitlines()[0] == "from tg16"
     assert "tg16" in r.stdout.splitlines()[1]
     g.ok("umount")
@@ -93,7 +93,7 @@ def test_gmount_every_node_sees_every_file_and_umount_is_clean(bed, g):
 def test_umount_after_a_node_died_leaves_no_stale_mount(bed, g):
     hosts = HOSTS[:4]
     explore(g, hosts)
-    tag = uuid.uuid4().hex[:6]
+    tag = g.new_tag()
     export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
     g.ok("e", "mkdir -p %s %s" % (export, mnt))
     g.ok("mount", export, mnt)
@@ -113,7 +113,7 @@ def test_umount_after_a_node_died_leaves_no_stale_mount(bed, g):
 def test_data_port_refuses_a_wrong_key(bed, g):
     from gxpstyle import link_auth
     explore(g, HOSTS[:1])
-    tag = uuid.uuid4().hex[:6]
+    tag = g.new_tag()
     export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
     g.ok("e", "mkdir -p %s %s" % (export, mnt))
     g.ok("mount", export, mnt)
@@ -144,7 +144,7 @@ def test_cascade_through_a_gateway(bed, g):
     g.ok("use", "ssh", "head", "tg01")
     g.ok("use", "ssh", "tg01", "tg02")
     g.ok("explore", "tg01", "tg02")
-    tag = uuid.uuid4().hex[:6]
+    tag = g.new_tag()
     export, mnt, casc = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag, "/tmp/gxpcasc-" + tag
     g.ok("e", "mkdir -p %s %s" % (export, mnt))
     g.ok("e", "--hosts", "tg02", "echo deep > %s/deep.txt" % export)
@@ -176,7 +176,7 @@ def test_data_channel_on_the_wire(bed, g, cipher):
     import tempfile
     g.ok("use", "ssh", "head", "tg*")
     g.ok("explore", "tg01", "tg02")
-    tag = uuid.uuid4().hex[:6]
+    tag = g.new_tag()
     export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
     marker = "GXPMARKER%s" % uuid.uuid4().hex
     g.ok("e", "mkdir -p %s %s" % (export, mnt))
@@ -220,7 +220,7 @@ def test_data_listener_survives_fuzz_and_session_dirs_are_private(bed, g):
     from test_link_auth import send_and_drain
     g.ok("use", "ssh", "head", "tg*")
     g.ok("explore", "tg01", "tg02")
-    tag = uuid.uuid4().hex[:6]
+    tag = g.new_tag()
     export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
     g.ok("e", "mkdir -p %s %s" % (export, mnt))
     g.ok("mount", export, mnt)
@@ -263,7 +263,8 @@ def test_data_listener_survives_fuzz_and_session_dirs_are_private(bed, g):
     # quit without umount: every mount goes, and so does every per-session directory.
     g.ok("quit")
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (head_fuse_mounts(mnt) or any(fuse_mounts(bed, ["tg01", "tg02"]).values())):
+    while time.monotonic() < deadline and (head_fuse_mounts(mnt)
+                                           or any(fuse_mounts(bed, ["tg01", "tg02"]).values())):
         time.sleep(0.1)
     assert head_fuse_mounts(mnt) == []
     assert all(v == [] for v in fuse_mounts(bed, ["tg01", "tg02"]).values())
@@ -286,7 +287,7 @@ broken:
 def test_small_make_runs_recipes_on_the_nodes_as_an_ordinary_user(bed, g):
     hosts = HOSTS[4:8]   # tg03 was killed by an earlier test
     explore(g, hosts)
-    tag = uuid.uuid4().hex[:6]
+    tag = g.new_tag()
     export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
     g.ok("e", "mkdir -p %s %s" % (export, mnt))
     g.ok("mount", export, mnt)

@@ -386,7 +386,8 @@ def test_group_regex_is_exact(a: int, b: int, width: int, extra_lengths: list, r
         assert hp.match(n) == (n in members), (pattern, n)
 
 
-_glob_terms = st.lists(st.sampled_from(["a", "b", "1", ".", "-", "*", "?"]), min_size=1, max_size=6).map("".join)
+_glob_terms = st.lists(st.sampled_from(["a", "b", "1", ".", "-", "*", "?"]),
+                       min_size=1, max_size=6).map("".join)
 
 
 @FAST

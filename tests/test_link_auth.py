@@ -1,6 +1,8 @@
 """Authenticated TLS links (link_auth): the right key gets a link; no key, a
 wrong key, a replayed handshake, a slow peer and random bytes get nothing, and
 the listener stays up with bounded resources."""
+import concurrent.futures
+import errno
 import os
 import random
 import socket
@@ -54,25 +56,68 @@ def connect(port):
     return socket.create_connection(("127.0.0.1", port), timeout=10)
 
 
-def send_and_drain(port, data):
-    """Send data, then read what the server says until it closes. A reset (the
-    server closed with our bytes unread) counts as the server saying nothing
-    more; a server that cannot be reached at all is an error, not silence."""
+def send_and_drain(port, data, timeout=15.0):
+    """Send data, then read what the server says until it closes; return it.
+
+    A reset (the server closed with our bytes unread) ends the reply like a
+    close. A server that cannot be reached, or that neither closes nor resets
+    within `timeout` seconds (more than any handshake limit in the suite), fails
+    the calling test: a listener that hangs must not pass for one that refuses."""
     got = b""
+    deadline = time.monotonic() + timeout
     s = connect(port)
     try:
-        s.sendall(data)
-        s.shutdown(socket.SHUT_WR)
+        try:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+        except OSError as e:
+            # Closed before reading all of it: what it sent is still readable.
+            if e.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                raise
         while True:
-            chunk = s.recv(65536)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout
+            s.settimeout(left)
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
             if not chunk:
                 break
             got += chunk
-    except OSError:
-        pass
+    except socket.timeout:
+        pytest.fail("port %d neither closed nor reset within %gs after %d bytes (it sent %r)"
+                    % (port, timeout, len(data), got[:64]))
     finally:
         s.close()
     return got
+
+
+def nonce_expected(data, labels):
+    """The length of a correct listener's whole reply to `data` sent before a close:
+    its 32-byte nonce when `data` holds the magic, a known label and a whole client
+    nonce, nothing otherwise (a wrong proof gets no further byte)."""
+    n = data[4] if len(data) > 4 else 0
+    if data[:4] != link_auth.MAGIC or len(data) < 5 + n + 32:
+        return 0
+    try:
+        return 32 if data[5:5 + n].decode("ascii") in labels else 0
+    except UnicodeDecodeError:
+        return 0
+
+
+def test_send_and_drain_fails_on_a_listener_that_hangs():
+    """The helper itself can fail: a listener that accepts and then neither
+    answers nor closes is not taken for one that refuses."""
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(1)
+    try:
+        with pytest.raises(pytest.fail.Exception, match="neither closed nor reset"):
+            send_and_drain(hung.getsockname()[1], b"GXA1", timeout=0.5)
+    finally:
+        hung.close()
 
 
 def test_right_key_gets_an_encrypted_echo(server):
@@ -137,7 +182,7 @@ def test_replayed_handshake_is_refused(server):
     assert b"secret payload" not in recorded        # the data itself was encrypted
     assert server.links == ["0.1"]
     reply = send_and_drain(server.port, bytes(recorded))
-    assert len(reply) in (0, 32)                      # at most a fresh nonce, then nothing
+    assert len(reply) == 32                           # a fresh nonce, then nothing
     assert server.links == ["0.1"]
     relay.close()
 
@@ -194,11 +239,11 @@ def test_fuzz_10000_random_and_malformed_handshakes(server):
             else:
                 data = good_prefix + bytes(r.getrandbits(8) for _ in range(r.randrange(0, 64)))
             got = send_and_drain(server.port, data)
-            assert len(got) in (0, 32)               # at most a nonce, never data
+            assert len(got) == nonce_expected(data, server.keys), data  # a nonce at most
 
-    threads = [threading.Thread(target=attack, args=(2500, rng.random())) for _ in range(4)]
-    for t in threads:
-        t.start()
+    # Futures, not bare threads: an assertion that fails in a worker fails the test.
+    pool = concurrent.futures.ThreadPoolExecutor(4)
+    attacks = [pool.submit(attack, 2500, rng.random()) for _ in range(4)]
     # The right client is served during the attack.
     for _ in range(5):
         tls = link_auth.client_handshake(connect(server.port), "0.1", KEY, server.pin)
@@ -206,8 +251,9 @@ def test_fuzz_10000_random_and_malformed_handshakes(server):
         assert tls.recv(10) == b"ping"
         tls.close()
         time.sleep(0.2)
-    for t in threads:
-        t.join(300)
+    for f in attacks:
+        f.result(timeout=300)
+    pool.shutdown()
     assert server.links == ["0.1"] * 5
     assert len(server.refused) >= 9000
     assert _rss_kib() - rss0 < 64 * 1024
@@ -220,7 +266,7 @@ def test_refusal_log_is_bounded_and_counts_everything():
     log = link_auth.RefusalLog(lines.append, burst=3, window=10.0, clock=lambda: now[0])
     for i in range(1000):
         log.refused("10.0.0.%d" % (i % 250), "bad proof")
-    assert len(lines) == 3 and all(l.startswith("refused a connection from 10.0.0.") for l in lines)
+    assert len(lines) == 3 and all(line.startswith("refused a connection from 10.0.0.") for line in lines)
     now[0] += 10.0
     log.refused("10.0.0.1", "bad proof")
     assert lines[3] == "refused 997 more connections in 10s (not logged one by one)"

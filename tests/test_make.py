@@ -44,7 +44,7 @@ def _copy_case(gxp, case: str, dst: str) -> None:
     shutil.copytree(os.path.join(CASES, case), dst)
     if gxp.user:
         pw = pwd.getpwnam(gxp.user)
-        for root, dirs, files in os.walk(dst):
+        for root, _dirs, files in os.walk(dst):
             for n in [root] + [os.path.join(root, f) for f in files]:
                 os.chown(n, pw.pw_uid, pw.pw_gid)
 
@@ -106,7 +106,8 @@ def test_ctrl_c_stops_make_and_every_remote_recipe(gxp, workdir):
     p = gxp.popen("make", "-j3", cwd=workdir, start_new_session=True)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        r = subprocess.run(["pgrep", "-f", "^/bin/sh -c sleep 300; : %s" % marker], capture_output=True, text=True)
+        r = subprocess.run(["pgrep", "-f", "^/bin/sh -c sleep 300; : %s" % marker],
+                           capture_output=True, text=True)
         if len(r.stdout.split()) == 3:
             break
         time.sleep(0.05)

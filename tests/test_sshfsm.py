@@ -354,7 +354,7 @@ def env():
         yield e
     finally:
         try:
-            for mp, t, opts in mounts():      # never leave a mount behind
+            for mp, t, _opts in mounts():     # never leave a mount behind
                 if t == "fuse.sshfsm" and mp.startswith("/home/"):
                     subprocess.run(["umount", "-l", mp], capture_output=True)
         finally:
@@ -799,8 +799,8 @@ def test_posix_programs(env, where):
             env.sh("cd %s && git init -q repo && cd repo && git config user.email t@e && "
                    "git config user.name t && cp -a ../copy . && git add -A && "
                    "git commit -qm first && echo more >> copy/a && git commit -qam second && "
-                   "git log --oneline | wc -l | grep -qx 2 && git fsck --no-dangling 2>/dev/null && git status --short"
-                   % mp)
+                   "git log --oneline | wc -l | grep -qx 2 && git fsck --no-dangling 2>/dev/null && "
+                   "git status --short" % mp)
         env.sh("cd %s && mv copy copy2 && rm -r copy2 x t.tar && ls -A | sort" % mp)
         if where == "remote":
             assert sorted(os.listdir(a_side)) == sorted(

@@ -3,7 +3,8 @@ import random
 import struct
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gxpstyle import bootstrap, serializer, wire
 
@@ -143,3 +144,20 @@ def test_payload_built_by_the_head_is_taken_only_for_our_interpreter():
     # a later push clears what was built, preset or not
     agent.add({"sshfsmux": "# new\n"})
     assert (tag, True) not in agent.built
+
+
+# What every new agent receives, in bytes (mitogen keeps a check like this on its
+# preamble). Measured: first stage 546 characters, payload 26 KB as source and
+# 89 KB precompiled; the budgets leave room to grow a little, not to double.
+STAGE1_BUDGET = 1024
+PAYLOAD_BUDGET = {"source": 40 << 10, "precompiled": 112 << 10}
+
+
+def test_bootstrap_stays_within_its_byte_budget():
+    import sys
+    assert len(bootstrap.stage1_argument()) <= STAGE1_BUDGET
+    cache = bootstrap.PayloadCache(bootstrap.head_sources())
+    sizes = {"source": len(bootstrap.payload_wire(cache.for_tag("cpython-38"))),
+             "precompiled": len(bootstrap.payload_wire(cache.for_tag(sys.implementation.cache_tag)))}
+    over = {k: v for k, v in sizes.items() if v > PAYLOAD_BUDGET[k]}
+    assert not over, "agent payload over budget: %s (budget %s)" % (over, PAYLOAD_BUDGET)

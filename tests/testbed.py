@@ -1116,7 +1116,7 @@ def _remove_user(name: str) -> None:
         time.sleep(0.01)
     # -f: zombies of the user that PID 1 has not reaped yet make plain
     # userdel refuse ("user is currently used by process").
-    for attempt in range(50):
+    for _attempt in range(50):
         r = _run(["userdel", "-f", "-r", name], check=False)
         # 0 ok, 6 no such user, 12 could not remove home/mail spool
         if r.returncode in (0, 6, 12):

@@ -1,0 +1,168 @@
+"""The glue between the merged tree and libfuse (through mfusepy): which
+libfuse is loaded, how errors become errno values, zero-copy reads handed to
+libfuse as (fd, offset), and a FUSE class with the fixes the merge needs.
+
+Standard library plus mfusepy, Python 3.8 syntax (runs on nodes).
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import os
+
+def _prefer_libfuse3() -> None:
+    """mfusepy loads libfuse 2 when both are installed (common: bindfs and
+    many desktop tools pull in libfuse2). Our mounts are written for libfuse 3
+    (max_threads, rename flags, fuse_config): point mfusepy at it unless the
+    user chose a library with FUSE_LIBRARY_PATH."""
+    if os.environ.get("FUSE_LIBRARY_PATH"):
+        return
+    from ctypes.util import find_library
+    path = find_library("fuse3")
+    if path:
+        os.environ["FUSE_LIBRARY_PATH"] = path
+
+
+_prefer_libfuse3()
+from mfusepy import FuseOSError, Operations, fuse_get_context  # noqa: E402,F401
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+UTIME_NOW = (1 << 30) - 1
+UTIME_OMIT = (1 << 30) - 2
+
+
+# libfuse's struct fuse_buf / fuse_bufvec (buf[] is inline, one element here)
+class _FuseBuf(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("flags", ctypes.c_int), ("mem", ctypes.c_void_p),
+                ("fd", ctypes.c_int), ("pos", ctypes.c_int64)]
+
+
+class _FuseBufVec(ctypes.Structure):
+    _fields_ = [("count", ctypes.c_size_t), ("idx", ctypes.c_size_t), ("off", ctypes.c_size_t),
+                ("buf", _FuseBuf * 1)]
+
+
+FUSE_BUF_IS_FD, FUSE_BUF_FD_SEEK = 1 << 1, 1 << 2
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.malloc.restype = ctypes.c_void_p
+_libc.malloc.argtypes = [ctypes.c_size_t]
+
+
+def _e(code: int) -> FuseOSError:
+    return FuseOSError(code)
+
+
+
+def hand_over(bufpp: "Any", h: "Any", size: int, offset: int) -> int:
+    """read_buf's answer: a range that is in a local file (a replica, a local
+    branch: the handle has fd_for) goes to libfuse as (fd, offset), so the data
+    never passes through Python; anything else is copied into libfuse's memory."""
+    fd_for = getattr(h, "fd_for", None)
+    bv = _libc.malloc(ctypes.sizeof(_FuseBufVec))
+    if not bv:
+        raise _e(errno.ENOMEM)
+    vec = _FuseBufVec.from_address(bv)
+    vec.count, vec.idx, vec.off = 1, 0, 0
+    b = vec.buf[0]
+    try:
+        if fd_for is not None:
+            fd, n = fd_for(size, offset)
+            b.size, b.flags, b.mem, b.fd, b.pos = n, FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK, None, fd, offset
+        else:
+            data = h.read(size, offset)
+            mem = _libc.malloc(max(1, len(data)))
+            if not mem:
+                raise _e(errno.ENOMEM)
+            ctypes.memmove(mem, data, len(data))
+            b.size, b.flags, b.mem, b.fd, b.pos = len(data), 0, mem, -1, 0
+    except BaseException:
+        _libc.free(ctypes.c_void_p(bv))
+        raise
+    bufpp[0] = ctypes.cast(ctypes.c_void_p(bv), type(bufpp[0]))
+    return 0
+
+
+def safe(fn: "Callable") -> "Callable":
+    """Errors out as errno, never a traceback; -d logs every operation."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def op(self: "Any", *args: "Any") -> "Any":
+        if self.debug:
+            shown = tuple(("<%d bytes>" % len(a)) if isinstance(a, (bytes, bytearray)) else a
+                          for a in args)
+            try:
+                r = fn(self, *args)
+            except OSError as e:
+                code = e.errno if isinstance(e.errno, int) and e.errno > 0 else errno.EIO
+                self.log("%s%r -> %s" % (name, shown, errno.errorcode.get(code, code)))
+                raise _e(code)
+            except Exception as e:
+                self.log("%s%r -> EIO (internal error: %s: %s)" % (name, shown, type(e).__name__, e))
+                raise _e(errno.EIO)
+            res = ("<%d bytes>" % len(r)) if isinstance(r, (bytes, bytearray)) else (
+                "ok" if r in (None, 0) else r if not isinstance(r, (list, dict)) else
+                "<%d entries>" % len(r))
+            self.log("%s%r -> %s" % (name, shown, res))
+            return r
+        try:
+            return fn(self, *args)
+        except OSError as e:
+            if isinstance(e.errno, int) and e.errno > 0:
+                if type(e) is not FuseOSError:
+                    raise _e(e.errno)
+                raise
+            raise _e(errno.EIO)
+        except Exception as e:
+            self.log("internal error in %s: %s: %s" % (name, type(e).__name__, e))
+            raise _e(errno.EIO)
+    return op
+
+
+def fuse_class() -> type:
+    """mfusepy's FUSE with three fixes: UTIME_NOW/UTIME_OMIT kept apart from
+    real times, rename flags (RENAME_NOREPLACE/EXCHANGE) passed on instead of
+    dropped, and read_buf that accepts the NULL path of an unlinked open file."""
+    import mfusepy
+
+    class _FUSE(mfusepy.FUSE):
+        def utimens_fuse_3(self, path, buf, fip):  # type: ignore[no-untyped-def]
+            times = None
+            if buf:
+                def conv(ts):  # type: ignore[no-untyped-def]
+                    if ts.tv_nsec == UTIME_NOW:
+                        return "now"
+                    if ts.tv_nsec == UTIME_OMIT:
+                        return None
+                    return ts.tv_sec * 10 ** 9 + ts.tv_nsec
+                times = (conv(buf.contents.actime), conv(buf.contents.modtime))
+            return self.operations.utimens(
+                None if path is None else path.decode(self.encoding, self.errors), times)
+
+        def read_buf(self, path, bufpp, size, offset, fip):  # type: ignore[no-untyped-def]
+            return self.operations.read_buf(
+                None if path is None else path.decode(self.encoding, self.errors),
+                bufpp, size, offset, fip.contents.fh)
+
+        def rename_fuse_3(self, old, new, flags):  # type: ignore[no-untyped-def]
+            return self.operations.rename2(old.decode(self.encoding, self.errors),
+                                           new.decode(self.encoding, self.errors), flags)
+
+    return _FUSE
+
+
+def run_fuse(fs: "Any", mountpoint: str, foreground: bool = True, **options: "Any") -> None:
+    """Mount `fs` at `mountpoint` and serve it until it is unmounted (blocks).
+    Options go to libfuse (-o); defaults: fsname=sshfsmux, subtype=sshfsm,
+    hard_remove (no .fuse_hidden files in the branches), max_threads=64 (readers
+    waiting for a stream must not starve everything else), ro if fs is
+    read-only. libfuse's nonzero status (also after SIGTERM) raises RuntimeError."""
+    opts = dict(fsname="sshfsmux", subtype="sshfsm", hard_remove=True, max_threads=64)
+    if fs.readonly:
+        opts["ro"] = True
+    opts.update(options)
+    fuse_class()(fs, mountpoint, foreground=foreground, **opts)

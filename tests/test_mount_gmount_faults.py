@@ -1,0 +1,104 @@
+"""GMount with a node that goes away: its sshd and agent SIGKILLed after its
+cable is cut (no FIN, no RST reaches the peers, as when a machine loses power).
+Every access to its files under the mount fails with EIO within the mount's
+bound (direct_branch.CALL_SECONDS, documented in README), later ones at once;
+the other nodes' files stay readable and `gxpc umount` leaves no mount behind.
+
+On a bed of its own (the killed host does not come back), as an ordinary user.
+"""
+import os
+import shutil
+import stat
+import subprocess
+import time
+import uuid
+
+import pytest
+
+import testbed
+from conftest import REPO, venv_dir
+
+pytestmark = pytest.mark.testbed
+
+HOSTS = ["tk01", "tk02", "tk03"]
+SLACK = 15          # generous: the kernel's FUSE round trips on a loaded machine
+
+
+@pytest.fixture(scope="module")
+def bed():
+    if os.getuid() != 0:
+        pytest.skip("the test bed needs root")
+    missing = testbed.requirements_missing()
+    if missing:
+        pytest.skip(missing)
+    old_mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
+    os.chmod("/dev/fuse", 0o666)
+    b = testbed.TestBed()
+    try:
+        b.up(HOSTS, hide_paths=[REPO, venv_dir()])
+        b.add_user("gxpk" + uuid.uuid4().hex[:6])
+        yield b
+    finally:
+        b.teardown()
+        os.chmod("/dev/fuse", old_mode)
+
+
+@pytest.fixture
+def g(bed, make_gxp):
+    return make_gxp(bed=bed, user=next(iter(bed.users)))
+
+
+def head_fuse_mounts(mountpoint):
+    with open("/proc/mounts") as f:
+        return [l for l in f if l.split()[1] == mountpoint]
+
+
+def timed(bed, user, argv, limit):
+    """(result, seconds); not finishing within `limit` is a failure (a hang)."""
+    t0 = time.monotonic()
+    try:
+        r = bed.run_as(user, argv, timeout=limit, capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail("%s did not finish within %ss (a hang)" % (" ".join(argv), limit))
+    return r, time.monotonic() - t0
+
+
+def assert_eio(r):
+    assert r.returncode != 0 and r.stderr.rstrip().endswith("Input/output error"), (
+        r.returncode, r.stderr)
+
+
+def test_a_gone_node_gives_eio_within_the_bound_and_umount_works(bed, g):
+    from sshfsmux.direct_branch import CALL_SECONDS
+    user = next(iter(bed.users))
+    g.ok("use", "ssh", "head", "tk*")
+    g.ok("explore", *HOSTS)
+    tag = uuid.uuid4().hex[:6]
+    export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
+    g.ok("e", "mkdir -p %s %s" % (export, mnt))
+    g.ok("mount", export, mnt)
+    try:
+        g.ok("e", "echo x > %s/f-$GXP_HOSTNAME && mkdir %s/d-$GXP_HOSTNAME" % (mnt, mnt))
+        assert sorted(os.listdir(os.path.join(bed.host("tk03").tmp_dir, "gxpexp-" + tag))) == [
+            "d-tk03", "f-tk03"]
+        bed.host("tk03").kill(unplug=True)
+        # seen from the head's own mount: stat, then cat, of the dead node's files
+        r, took = timed(bed, user, ["stat", mnt + "/d-tk03/nothing-here"], CALL_SECONDS + SLACK)
+        print("first access took %.1fs" % took)
+        assert_eio(r)
+        r, took = timed(bed, user, ["cat", mnt + "/f-tk03"], CALL_SECONDS + SLACK)
+        assert_eio(r)
+        assert took < 3, "a later access waited %.1fs instead of failing at once" % took
+        r, _ = timed(bed, user, ["cat", mnt + "/f-tk01"], CALL_SECONDS + SLACK)
+        assert (r.returncode, r.stdout) == (0, "x\n"), r.stderr
+        # the host stays unreachable: umount must not wait for it
+        r = g.run("umount", timeout=90)
+        assert r.returncode == 0, r.stderr
+        assert head_fuse_mounts(mnt) == []
+        for n in ("tk01", "tk02"):
+            assert [l for l in bed.host(n).mounts() if " fuse" in l] == []
+    finally:
+        if head_fuse_mounts(mnt):
+            subprocess.run(["umount", "-l", mnt], capture_output=True)
+        for d in (export, mnt):
+            shutil.rmtree(d, ignore_errors=True)
