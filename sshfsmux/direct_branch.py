@@ -71,7 +71,7 @@ class DirectBranch(Branch):
         self.timeout = timeout
         self.connect_timeout = min(connect_timeout, timeout)
         self._retry_at = 0.0        # no new connection before this (monotonic)
-        self._chan = None           # type: Optional[_Channel]
+        self._chan: "Optional[_Channel]" = None
         self._chan_lock = threading.Lock()
         # one store for every branch of a mount (`cache`), else one of its own:
         # in `cache_dir` and kept, or private and removed with the branch
@@ -158,7 +158,7 @@ class DirectBranch(Branch):
             raise _oserror(errno.EIO, "bad reply")
 
     def readdir(self, path: str) -> "List[str]":
-        holder = []         # type: List[_DirList]
+        holder: "List[_DirList]" = []
 
         def make() -> _Pending:
             holder.append(_DirList())
@@ -241,9 +241,10 @@ class DirectBranch(Branch):
             if cand is not None and len(cand[0]) != len(HAVE_KEYS):
                 cand = None
             have = dict(zip(HAVE_KEYS, cand[0])) if cand is not None else None
-            fetches = []    # type: List[_Fetch]
+            fetches: "List[_Fetch]" = []
 
-            def make() -> _Pending:
+            # Bound now, as a default: each pass of the loop has its own list.
+            def make(fetches: "List[_Fetch]" = fetches) -> _Pending:
                 fetches.append(_Fetch(self, key))
                 return fetches[-1]
             try:

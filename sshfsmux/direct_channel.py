@@ -43,13 +43,13 @@ class _Pending:
     connection's I/O thread and must not block."""
 
     req = 0
-    channel = None      # type: Any
+    channel: "Any" = None
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.errno = 0
-        self.result = None      # type: Any
-        self.lost = None        # type: Optional[str]
+        self.result: "Any" = None
+        self.lost: "Optional[str]" = None
 
     def on_reply(self, err: int, result: Any) -> bool:
         """Store the reply; True if fs_data frames follow."""
@@ -87,9 +87,9 @@ class _Channel:
         sock, macs = fs_protocol.connect(host, port, key, pin, cipher, timeout)
         self.timeout = call_timeout
         self.lock = threading.Lock()
-        self.pending = {}           # type: Dict[int, _Pending]
+        self.pending: "Dict[int, _Pending]" = {}
         self.next_req = 1
-        self.dead = None            # type: Optional[str]
+        self.dead: "Optional[str]" = None
         # a peer that stops reading or stops mid-frame is gone after the same bound
         self.conn = fs_protocol.FrameConn(sock, macs, on_frame=self._on_frame,
                                           on_close=self._on_close, frame_seconds=call_timeout,
@@ -147,7 +147,7 @@ class _Channel:
 class _DirList(_Pending):
     def __init__(self) -> None:
         _Pending.__init__(self)
-        self.names = []             # type: List[str]
+        self.names: "List[str]" = []
 
     def on_reply(self, err: int, result: Any) -> bool:
         if not err and (not isinstance(result, dict) or not isinstance(result.get("names"), list)

@@ -48,11 +48,11 @@ class _Fetch(_Pending):
         self.cond = threading.Condition()
         self.fd = -1
         self.reader_fd = -1
-        self.download = None        # type: Optional[Download]
-        self.meta = None            # type: Optional[Tuple[int, int, int, int]]
+        self.download: "Optional[Download]" = None
+        self.meta: "Optional[Tuple[int, int, int, int]]" = None
         self.received = 0
         self.complete = False
-        self.failed = None          # type: Optional[str]
+        self.failed: "Optional[str]" = None
         self.progress = time.monotonic()
 
     def on_reply(self, err: int, result: Any) -> bool:
@@ -236,7 +236,7 @@ class _RemoteFile(WriteHandle):
         self.lock = threading.Lock()        # the buffer, and sending
         self.acks = threading.Condition()   # inflight, error (taken by the I/O thread)
         self.inflight = 0
-        self.error = None                   # type: Optional[OSError]
+        self.error: "Optional[OSError]" = None
         self.buf = bytearray()
         self.buf_off = 0
         self.closed = False

@@ -107,10 +107,10 @@ class ExportServer:
         self.clients = threading.BoundedSemaphore(max_clients)
         self.max_open = max_open
         self.open_count = 0
-        self.sessions = set()           # type: set
+        self.sessions: set = set()
         self.lock = threading.Lock()
-        self.stats = {"calls": collections.Counter(), "connections": 0, "refused": 0,
-                      "dropped": 0}     # type: Dict[str, Any]
+        self.stats: "Dict[str, Any]" = {"calls": collections.Counter(), "connections": 0,
+                                        "refused": 0, "dropped": 0}
         self.closed = False
         label = fs_protocol.LABEL if cipher else fs_protocol.LABEL_PLAIN
         keys = {label: key}
@@ -286,9 +286,9 @@ class _Session:
         self.c = server.confined
         self.addr = addr
         self.read_only = server.read_only
-        self.handles = {}           # type: Dict[int, int]
+        self.handles: "Dict[int, int]" = {}
         self.next_fh = 1
-        self.streams = collections.OrderedDict()    # type: collections.OrderedDict
+        self.streams: "collections.OrderedDict" = collections.OrderedDict()
         self.conn_done = threading.Event()
         self.conn = fs_protocol.FrameConn(sock, macs, on_frame=self.on_frame,
                                           on_close=self.on_close, producer=self.produce,

@@ -160,7 +160,8 @@ def tune_socket(sock: socket.socket) -> None:
 
 
 def connect(host: str, port: int, key: bytes, pin: "Optional[str]", cipher: bool = True,
-            timeout: float = link_auth.HANDSHAKE_SECONDS) -> "Tuple[socket.socket, Optional[Tuple[bytes, bytes]]]":
+            timeout: float = link_auth.HANDSHAKE_SECONDS
+            ) -> "Tuple[socket.socket, Optional[Tuple[bytes, bytes]]]":
     """An authenticated data channel socket and its frame MAC keys (None with
     TLS). Raises link_auth.AuthError or OSError."""
     sock = socket.create_connection((host, port), timeout=timeout)
@@ -213,8 +214,8 @@ class FrameConn:
                  max_frame: int = wire.MAX_FRAME) -> None:
         self.sock = sock
         self.tls = isinstance(sock, ssl.SSLSocket)
-        self.send_key = macs[0] if macs else None  # type: Optional[bytes]
-        self.recv_key = macs[1] if macs else None  # type: Optional[bytes]
+        self.send_key: "Optional[bytes]" = macs[0] if macs else None
+        self.recv_key: "Optional[bytes]" = macs[1] if macs else None
         self.send_seq = self.recv_seq = 0
         self.on_frame = on_frame
         self.on_close = on_close
@@ -228,18 +229,18 @@ class FrameConn:
         self.frames_in = 0
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
-        self._out = collections.deque()     # type: collections.deque
+        self._out: "collections.deque" = collections.deque()
         self._out_bytes = 0
         self._head_off = 0
         self._retry_len = 0                 # an SSL write must be retried with the same length
         self._last_progress = time.monotonic()
         self._reader = wire.FrameReader(max_frame)
         self._stage = bytearray(SEND_MAX)   # where reads land
-        self._partial_since = None          # type: Optional[float]
+        self._partial_since: "Optional[float]" = None
         self._read_wants_write = False
         self._write_wants_read = False
-        self._io_ident = None               # type: Optional[int]
-        self._thread = None                 # type: Optional[threading.Thread]
+        self._io_ident: "Optional[int]" = None
+        self._thread: "Optional[threading.Thread]" = None
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)

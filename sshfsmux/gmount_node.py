@@ -172,7 +172,7 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
             try:
                 # one replica store for every peer, kept for the session
                 cache = ReplicaCache.persistent(cache_dir)
-                branches = [LocalBranch(export, node=host_name)]  # type: List[Branch]
+                branches: "List[Branch]" = [LocalBranch(export, node=host_name)]
                 for p in args.get("peers", []):
                     host = pick_address(list(p.get("addrs") or []), own)
                     branches.append(DirectBranch(host, int(p["port"]), key, pin, node=str(p["node"]),

@@ -307,6 +307,7 @@ class NameChanges:
             raise _e(errno.EPERM)
         v, targets = self._targets(path)
         now = time.time_ns()
+        ns: "Tuple[int, ...]"       # (atime, mtime) in ns
         if times is None:
             ns = (now, now)
         else:

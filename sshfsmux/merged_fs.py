@@ -90,12 +90,12 @@ class MergedFS(NameChanges, Xattrs, Operations):
             if line and line not in lines:
                 lines.append(line)
         self.chain = ("\n".join(lines) + "\n").encode() if lines else b""
-        places = []  # type: List[str]
+        places: "List[str]" = []
         for line in branch_places or []:
             if line and line not in places:
                 places.append(line)
         # the read-only virtual files at the root, hidden from readdir
-        self._virtual = {}  # type: Dict[str, bytes]
+        self._virtual: "Dict[str, bytes]" = {}
         if self.chain:
             self._virtual[CHAIN_PATH] = self.chain
         if places:
@@ -105,12 +105,12 @@ class MergedFS(NameChanges, Xattrs, Operations):
         self.started_ns = time.time_ns()
         writable = [b for b in self.branches if b.writable]
         self.create_branch = next((b for b in writable if b.local), writable[0] if writable else None)
-        self._handles = {}  # type: Dict[int, ReadHandle]
+        self._handles: "Dict[int, ReadHandle]" = {}
         self._fh = itertools.count(1)
         self._lock = threading.Lock()
-        self._hints = {}  # type: Dict[str, Dict[str, bytes]]
-        self._conflicts_logged = set()  # type: set
-        self._branch_errors_logged = set()  # type: set
+        self._hints: "Dict[str, Dict[str, bytes]]" = {}
+        self._conflicts_logged: set = set()
+        self._branch_errors_logged: set = set()
 
     # -- lifecycle -----------------------------------------------------
     def init_with_config(self, conn: "Any", config: "Any") -> None:
@@ -146,7 +146,7 @@ class MergedFS(NameChanges, Xattrs, Operations):
     def _view(self, path: str, every: bool = False) -> View:
         """The branches holding `path`. Unless `every`, a directory found first
         is not looked up further (its attributes are the first branch's)."""
-        holders = []  # type: List[Tuple[Branch, Dict[str, Any]]]
+        holders: "List[Tuple[Branch, Dict[str, Any]]]" = []
         failure = None
         for b in self.branches:
             try:
@@ -332,7 +332,7 @@ class MergedFS(NameChanges, Xattrs, Operations):
         v = self._file_view(path)
         if v.is_dir:
             raise _e(errno.EISDIR)
-        pairs = []  # type: List[Tuple[Branch, WriteHandle]]
+        pairs: "List[Tuple[Branch, WriteHandle]]" = []
         try:
             for b, _ in v.replicas:
                 pairs.append((b, b.open_write(path, flags, 0, False)))
@@ -412,7 +412,7 @@ class MergedFS(NameChanges, Xattrs, Operations):
         return 0
 
 
-_groups_cache = {}  # type: Dict[Tuple[int, int], set]
+_groups_cache: "Dict[Tuple[int, int], set]" = {}
 
 
 def _groups_of(uid: int, gid: int) -> set:

@@ -24,7 +24,7 @@ class View:
         self.holders = holders
         self.visible, self.attrs = holders[0]
         self.replicas = [holders[0]]      # holders of the visible version
-        self.conflicts = []  # type: List[Tuple[Branch, Dict[str, Any]]]  # another version (or type)
+        self.conflicts: "List[Tuple[Branch, Dict[str, Any]]]" = []  # another version (or type)
 
     @property
     def is_dir(self) -> bool:

@@ -42,7 +42,7 @@ class Xattrs:
 
     # -- extended attributes -------------------------------------------
     def _location(self, path: str, v: View) -> bytes:
-        nodes = []  # type: List[str]
+        nodes: "List[str]" = []
         if v.is_dir:
             for b, a in v.holders:
                 if stat.S_ISDIR(a["st_mode"]) and b.node not in nodes:
@@ -99,7 +99,7 @@ class Xattrs:
         if self._is_chain(path):
             return []
         v = self._view(path)
-        names = []  # type: List[str]
+        names: "List[str]" = []
         try:
             names = [n for n in v.visible.listxattr(path) if n.startswith("user.")]
         except OSError as e:

@@ -165,7 +165,7 @@ def _apply(o: Options, opt: str) -> None:
 
 def parse(argv: "List[str]") -> Options:
     o = Options()
-    pos = []  # type: List[str]
+    pos: "List[str]" = []
     i = 0
     only_args = False
     while i < len(argv):

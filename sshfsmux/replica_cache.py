@@ -125,9 +125,9 @@ class ReplicaCache:
             self.dir = directory
         os.chmod(self.dir, 0o700)
         self._lock = threading.Lock()
-        self._entries = {}  # type: Dict[str, Entry]  # key hash -> replica
-        self._generation = {}  # type: Dict[str, int]  # key hash -> changes seen
-        self._pending = {}  # type: Dict[int, Tuple[str, int, str]]  # download -> (hash, generation, key)
+        self._entries: "Dict[str, Entry]" = {}  # key hash -> replica
+        self._generation: "Dict[str, int]" = {}  # key hash -> changes seen
+        self._pending: "Dict[int, Tuple[str, int, str]]" = {}  # download -> (hash, generation, key)
         if limit is None:
             try:
                 st = os.statvfs(self.dir)

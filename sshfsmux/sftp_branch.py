@@ -69,14 +69,14 @@ class SftpBranch(Branch):
         self.cache = cache
         self.remote_path = path
         self._conn_lock = threading.Lock()
-        self._sess = None  # type: Optional[SftpSession]
-        self._transport = None  # type: Optional[paramiko.Transport]
+        self._sess: "Optional[SftpSession]" = None
+        self._transport: "Optional[paramiko.Transport]" = None
         self._reconnected = 0
-        self._attr = {}  # type: Dict[bytes, Tuple[float, Any]]
-        self._dirs = {}  # type: Dict[bytes, Tuple[float, List[str]]]
+        self._attr: "Dict[bytes, Tuple[float, Any]]" = {}
+        self._dirs: "Dict[bytes, Tuple[float, List[str]]]" = {}
         self._cache_lock = threading.Lock()
-        self._writers = {}  # type: Dict[bytes, set]
-        self._streams = {}  # type: Dict[Tuple[str, int, int], _Stream]
+        self._writers: "Dict[bytes, set]" = {}
+        self._streams: "Dict[Tuple[str, int, int], _Stream]" = {}
         self._streams_lock = threading.Lock()
         self.root = b"/"
         self.remote_uid = self.remote_gid = -1
@@ -88,11 +88,11 @@ class SftpBranch(Branch):
     def connect(self) -> None:
         """Connect, log in, start SFTP and find the branch root (ConnectError /
         OSError on failure)."""
-        self._open_session()
-        sess = self._sess
+        sess = self._open_session()
         try:
             t, data = sess.request(CMD_REALPATH, _enc(self.remote_path or "."))
         except OSError as e:
+            assert e.errno is not None     # request raises StatusError or ConnectionLost: both have one
             raise OSError(e.errno, os.strerror(e.errno), self.spec)
         m = Message(data)
         m.get_int()
@@ -100,6 +100,7 @@ class SftpBranch(Branch):
         try:
             t, data = sess.request(CMD_STAT, self.root)
         except OSError as e:
+            assert e.errno is not None     # request raises StatusError or ConnectionLost: both have one
             raise OSError(e.errno, os.strerror(e.errno), self.spec)
         a = SFTPAttributes._from_msg(Message(data))
         if not stat.S_ISDIR(a.st_mode or 0):
@@ -111,7 +112,7 @@ class SftpBranch(Branch):
         except OSError:
             self.remote_uid, self.remote_gid = a.st_uid, a.st_gid
 
-    def _open_session(self) -> None:
+    def _open_session(self) -> SftpSession:
         t = connect_transport(self.params)
         try:
             sess = SftpSession(t, self.params.connect_timeout, self.timeout)
@@ -122,6 +123,7 @@ class SftpBranch(Branch):
             t.close()
             raise ConnectError("cannot start SFTP: %s" % e)
         self._transport, self._sess = t, sess
+        return sess
 
     def _session(self) -> SftpSession:
         sess = self._sess
@@ -146,14 +148,14 @@ class SftpBranch(Branch):
                 except Exception:
                     pass
             try:
-                self._open_session()
+                sess = self._open_session()
             except (ConnectError, OSError, paramiko.SSHException, EOFError) as e:
                 self._sess = None
                 self._retry_at = time.monotonic() + RETRY_SECONDS
                 raise ConnectionLost("reconnect to %s failed: %s" % (self.host, e))
             self._reconnected += 1
             self._clear_caches()
-            return self._sess
+            return sess
 
     def _call_on(self, sess: SftpSession, t: int, *args: "Any") -> "Tuple[int, bytes]":
         return sess.request(t, *args)
@@ -293,7 +295,7 @@ class SftpBranch(Branch):
         sess = self._session()
         t, data = sess.request(CMD_OPENDIR, full)
         h = _handle_of(data)
-        names = []  # type: List[str]
+        names: "List[str]" = []
         now = time.monotonic()
         base = full if full.endswith(b"/") else full + b"/"
         try:

@@ -68,9 +68,15 @@ class ConnectionLost(OSError):
 class StatusError(OSError):
     """An SFTP status other than OK, with the SFTP code kept."""
 
+    errno: int      # never None here: every SFTP code maps to one (EIO by default)
+
     def __init__(self, code: int, text: str) -> None:
         e = _STATUS_ERRNO.get(code, errno.EIO)
-        super().__init__(e, os.strerror(e) if code != FX_FAILURE else "Failure" + (": " + text if text and text != "Failure" else ""))
+        if code != FX_FAILURE:
+            message = os.strerror(e)
+        else:
+            message = "Failure" + (": " + text if text and text != "Failure" else "")
+        super().__init__(e, message)
         self.code = code
 
 # --------------------------------------------------------------------------
@@ -85,7 +91,7 @@ class _Req:
         self.sent = time.monotonic()
         self.t = 0
         self.data = b""
-        self.error = None  # type: Optional[BaseException]
+        self.error: "Optional[BaseException]" = None
         self.callback = callback
 
 def _pack(msg: Message, args: tuple) -> None:
@@ -149,7 +155,7 @@ class SftpSession(BaseSFTP):
             raise ConnectError("the server did not start an SFTP subsystem")
         m = Message(data)
         self.version = m.get_int()
-        self.extensions = {}  # type: Dict[str, bytes]
+        self.extensions: "Dict[str, bytes]" = {}
         while m.get_remainder():
             try:
                 name = _dec(m.get_string())
@@ -159,9 +165,9 @@ class SftpSession(BaseSFTP):
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)   # pending became non-empty, or dead
         self._send_lock = threading.Lock()
-        self._pending = {}  # type: Dict[int, _Req]  # in the order sent
+        self._pending: "Dict[int, _Req]" = {}  # in the order sent
         self._next = 1
-        self.dead = None  # type: Optional[str]
+        self.dead: "Optional[str]" = None
         self._thread = threading.Thread(target=self._run, name="sftp-reader", daemon=True)
         self._thread.start()
         threading.Thread(target=self._watch, name="sftp-watchdog", daemon=True).start()
@@ -257,6 +263,7 @@ class SftpSession(BaseSFTP):
                     except Exception:
                         pass
                 else:
+                    assert req.event is not None     # no callback: a waiting request
                     req.t, req.data = t, data[4:]
                     req.event.set()
         except BaseException as e:
@@ -302,6 +309,7 @@ class SftpSession(BaseSFTP):
                 except Exception:
                     pass
             else:
+                assert req.event is not None     # no callback: a waiting request
                 req.error = err
                 req.event.set()
 

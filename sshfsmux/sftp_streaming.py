@@ -48,7 +48,7 @@ class SftpWriteHandle(WriteHandle):
         self.handle = handle
         self._cond = threading.Condition()
         self._inflight = 0
-        self._error = None  # type: Optional[OSError]
+        self._error: "Optional[OSError]" = None
         self.closed = False
 
     def _done(self, t: int, data: bytes, err: "Optional[BaseException]") -> None:
@@ -163,14 +163,14 @@ class _Stream:
         self.next_off = 0
         self.inflight = 0
         self.contiguous = 0
-        self.ranges = {}  # type: Dict[int, int]  # start -> end, beyond `contiguous`
+        self.ranges: "Dict[int, int]" = {}  # start -> end, beyond `contiguous`
         self.eof = size
-        self.error = None  # type: Optional[OSError]
+        self.error: "Optional[OSError]" = None
         self.refs = 1
         self.cancelled = False
         self.finished = False   # no more data will arrive (complete, eof, error, cancel)
         self.committed = False
-        self._retry = []  # type: List[Tuple[int, int]]
+        self._retry: "List[Tuple[int, int]]" = []
         self.thread = threading.Thread(target=self._pump, name="sftp-stream", daemon=True)
         self.thread.start()
 

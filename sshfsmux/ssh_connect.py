@@ -53,7 +53,7 @@ class SshParams:
                  config_path: "Optional[str]" = None) -> None:
         self.alias = alias
         home = os.path.expanduser("~")
-        cfg = {}  # type: Dict[str, Any]
+        cfg: "Dict[str, Any]" = {}
         config_path = config_path or os.path.join(home, ".ssh", "config")
         if os.path.exists(config_path):
             try:
@@ -66,7 +66,7 @@ class SshParams:
             self.port = int(port or cfg.get("port") or 22)
         except ValueError:
             raise ConnectError("bad port %r" % (port or cfg.get("port")))
-        self.identity_files = []  # type: List[str]
+        self.identity_files: "List[str]" = []
         self.explicit_identity = bool(identity_file)
         if identity_file:
             self.identity_files.append(os.path.expanduser(identity_file))
@@ -128,7 +128,7 @@ def connect_transport(p: SshParams) -> "paramiko.Transport":
     if p.proxy_jump and p.proxy_jump.lower() != "none" and not p.proxy_command:
         raise ConnectError("ProxyJump is not supported; use ProxyCommand 'ssh -W %h:%p JUMPHOST'")
     host_keys = _load_host_keys(p.known_hosts)
-    known_types = []  # type: List[str]
+    known_types: "List[str]" = []
     for n in p.known_names():
         entry = host_keys.lookup(n)
         if entry:
@@ -214,9 +214,9 @@ def _load_key(path: str) -> "Optional[paramiko.PKey]":
 
 
 def _authenticate(t: "paramiko.Transport", p: SshParams) -> None:
-    tried = []  # type: List[str]
-    keys = []  # type: List[paramiko.PKey]
-    notes = []  # type: List[str]
+    tried: "List[str]" = []
+    keys: "List[paramiko.PKey]" = []
+    notes: "List[str]" = []
     for f in p.identity_files:
         k = _load_key(f)
         if k is not None:

@@ -77,9 +77,9 @@ class Prepared:
     def __init__(self) -> None:
         self.mountpoint = ""
         self.me = ""
-        self.local = {}  # type: dict  # spec -> real path
-        self.chain = []  # type: List[str]
-        self.places = []  # type: List[str]  # host:path of every branch, at any depth
+        self.local: dict = {}  # spec -> real path
+        self.chain: "List[str]" = []
+        self.places: "List[str]" = []  # host:path of every branch, at any depth
 
 
 def prepare(o: Options) -> Prepared:
@@ -180,7 +180,7 @@ class _StderrCapture:
 
 def _connect_remotes(o: Options, specs: "List[str]", cache: "object") -> "List[object]":
     from .sftp_branch import ConnectError, SftpBranch
-    results = {}  # type: dict
+    results: dict = {}
 
     def one(spec: str) -> None:
         try:
@@ -224,8 +224,8 @@ def run(o: Options, p: Prepared, ready: "Callable[[], None]",
     from .replica_cache import ReplicaCache
 
     cache = None
-    branches = []  # type: List[object]
-    remotes = {}  # type: dict
+    branches: "List[object]" = []
+    remotes: dict = {}
     capture = None
     try:
         try:
@@ -278,7 +278,7 @@ def run(o: Options, p: Prepared, ready: "Callable[[], None]",
 
         fs = MergedFS(branches, mount_id=p.me, chain=chain, readonly=o.ro, log=log,  # type: ignore
                       debug=o.debug, on_ready=on_ready, branch_places=places)
-        fuse_opts = dict(fsname=_fsname(o.branches), subtype=PROG)  # type: dict
+        fuse_opts: dict = dict(fsname=_fsname(o.branches), subtype=PROG)
         if o.allow_other:
             fuse_opts["allow_other"] = True
         if o.default_permissions:

@@ -25,7 +25,7 @@ import uuid
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from gxpstyle import bootstrap, daemon, serializer, wire
+from gxpstyle import bootstrap, serializer, wire
 from gxpstyle import session as gxsession
 
 REQUESTS = 10000          # at least this many requests and messages to the daemon
@@ -90,7 +90,20 @@ VERB_FIELDS = {
 
 
 def daemon_verbs():
-    return {n[4:] for n in dir(daemon.Head) if n.startswith("req_")}
+    """Every request verb the daemon serves: its own and every service's,
+    plugins included (found the way the daemon finds them)."""
+    from gxpstyle import services
+    from gxpstyle.exec_service import ExecService
+    from gxpstyle.explorer import ExploreService
+
+    class Logless:
+        def write_log(self, text):
+            raise AssertionError("a service plugin did not load: %s" % text)
+
+    found = {"ping", "stat", "quit"}
+    for svc in [ExploreService(None), ExecService(None)] + services.load_plugins(Logless()):
+        found.update(svc.verbs())
+    return found
 
 
 def test_every_verb_of_the_daemon_is_fuzzed():
@@ -118,26 +131,48 @@ def request(draw, seq):
     return {"op": "request", "req": next(seq), "cmd": verb, "args": args}
 
 
-def typed_value(typ):
-    """A value of a schema type, or of a wrong one."""
-    right = {str: text, int: st.integers(-(1 << 40), 1 << 40), bool: st.booleans(),
-             bytes: st.binary(max_size=64), dict: st.dictionaries(text, junk, max_size=3),
-             list: st.lists(junk, max_size=3), float: st.floats()}
-    if isinstance(typ, tuple):
-        good = st.one_of(*[right[t] if t in right else st.none() for t in typ])
+def typed_value(spec, depth=0):
+    """A value of a schema spec (gxpstyle/schema.py), nested fields included, or
+    of a wrong shape."""
+    from gxpstyle import schema as sc
+    if isinstance(spec, sc.Opt):
+        good = st.one_of(st.none(), typed_value(spec.spec, depth))
+    elif isinstance(spec, sc.Str):
+        good = text
+    elif isinstance(spec, sc.Int):
+        good = st.integers(-(1 << 40), 1 << 40)
+    elif isinstance(spec, sc.Num):
+        good = st.floats()
+    elif isinstance(spec, sc.Bool):
+        good = st.booleans()
+    elif isinstance(spec, sc.Bytes):
+        good = st.binary(max_size=64)
+    elif isinstance(spec, sc.Choice):
+        good = st.sampled_from(list(spec.values))
+    elif depth > 2:
+        good = junk
+    elif isinstance(spec, sc.ListOf):
+        good = st.lists(typed_value(spec.spec, depth + 1), max_size=3)
+    elif isinstance(spec, sc.MapOf):
+        good = st.dictionaries(text, typed_value(spec.spec, depth + 1), max_size=3)
+    elif isinstance(spec, sc.Rec):
+        good = st.fixed_dictionaries({}, optional={
+            k: typed_value(v, depth + 1) for k, v in list(spec.required.items())
+            + list(spec.optional.items())})
     else:
-        good = right.get(typ, st.none())
+        good = junk
     return st.one_of(good, junk)
 
 
 @st.composite
 def message(draw, forbidden=("quit",), safe=None):
-    """Any op of the wire schema with right-typed or hostile fields (some missing)."""
+    """Any op of the wire schema with right-shaped or hostile fields (some missing)."""
     op = draw(st.sampled_from(sorted(set(wire.SCHEMA) - set(forbidden))))
     msg = {"op": op}
-    for field, typ in wire.SCHEMA[op].items():
+    rec = wire.SCHEMA[op]
+    for field, spec in list(rec.required.items()) + list(rec.optional.items()):
         if draw(st.integers(0, 5)):
-            msg[field] = draw(typed_value(typ))
+            msg[field] = draw(typed_value(spec))
     if safe is not None:
         safe(msg)
     return msg
@@ -332,8 +367,10 @@ def test_hostile_requests_and_messages_leave_the_daemon_and_agents_up(gxp):
     assert process_alive(pid), "the session daemon is gone"
     assert [p for p in agents if not process_alive(p)] == [], "agents died"
     gxp.ok("rmask")          # a mask the fuzz saved may rightly select nobody
+    gxp.ok("cd", "/")        # and a directory it chose may rightly exist nowhere
     assert gxp.ok("e", "true", timeout=30).returncode == 0
-    assert sorted(gxp.ok("e", "echo ok", timeout=30).stdout.split()) == ["ok", "ok"]
+    # the head and the two agents
+    assert sorted(gxp.ok("e", "echo ok", timeout=30).stdout.split()) == ["ok", "ok", "ok"]
 
 
 # --- an agent's pipe ---------------------------------------------------------

@@ -19,7 +19,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_sshfsm import (FUSERMOUNT, Env, _skip_reason, mounted, mounts,  # noqa: E402
+from test_sshfsm import (Env, _skip_reason, mounted, mounts,  # noqa: E402
                          sshfsm_pids)
 
 HOST = socket.gethostname()
