@@ -75,6 +75,10 @@ print(json.dumps({"wall": wall, "cpu": ru.ru_utime + ru.ru_stime}))
 """
 
 
+def _holds(ok: bool) -> str:
+    return "holds" if ok else "DOES NOT HOLD"
+
+
 def _has_fuse(pid: int) -> bool:
     try:
         return any(os.readlink("/proc/%d/fd/%s" % (pid, fd)) == "/dev/fuse"
@@ -119,6 +123,7 @@ class Dispatch(Bench):
             self.gxpc("use", "ssh", "head", "td*")
             self.gxpc("explore", *names)
             self.gxpc("e", "mkdir -p %s %s" % (export, self.mnt))
+            self.made_dirs += [export, self.mnt]   # the head's own, removed after the teardown
             self.gxpc("mount", export, self.mnt)
         if not self.parallel:
             self.odd.append("GNU parallel is not installed: no parallel anchor (apt-get install parallel)")
@@ -200,7 +205,7 @@ class Dispatch(Bench):
                 cases.append(("parallel", [self.parallel, "-j%d" % JOBS, "echo {} >/dev/null"],
                               os.path.join(d, "names"), d))
             log("%s: %d recipes, %d reps of %s" % (self.name, n, self.reps, ", ".join(c[0] for c in cases)))
-            for rep in range(self.reps):
+            for _rep in range(self.reps):
                 for name, argv, stdin, cwd in cases:
                     before = self._session_cpu()
                     m = self._measure(argv, cwd, stdin)
@@ -237,7 +242,8 @@ class Dispatch(Bench):
                 key = "%s %d" % (name, n)
                 if self.med(key + " wall") is None:
                     continue
-                session = self.med(key + " session ms") if name in ("gxpc make", "mount make", "hosts") else None
+                ours_case = name in ("gxpc make", "mount make", "hosts")
+                session = self.med(key + " session ms") if ours_case else None
                 print("%-10s %7d %6s %8.2f %10.0f %9.2f %10s %9s" % (
                     name, n, self.info.get("load %d" % n, "-"), self.med(key + " wall"),
                     self.med(key + " rate"), self.med(key + " cpu ms"),
@@ -246,23 +252,23 @@ class Dispatch(Bench):
             hosts = self.med("hosts %d rate" % n)
             if hosts is not None:
                 verdicts.append("%d recipes on %d hosts: %.0f/s (goal 500/s: %s)"
-                                % (n, self.hosts, hosts, "holds" if hosts >= 500 else "DOES NOT HOLD"))
+                                % (n, self.hosts, hosts, _holds(hosts >= 500)))
             ours = self.med("gxpc make %d rate" % n)
             ratio = ours / anchor if ours and anchor else 0.0
             verdicts.append("%d recipes: %.0f/s (goal %.0f/s: %s), %.2fx plain make (goal %.2fx: %s; "
-                            "floor %.2fx: %s)" % (n, ours or 0, GOAL_RATE,
-                                                   "holds" if (ours or 0) >= GOAL_RATE else "DOES NOT HOLD",
-                                                   ratio, GOAL_RATIO, "holds" if ratio >= GOAL_RATIO else "DOES NOT HOLD",
-                                                   FLOOR_RATIO, "holds" if ratio >= FLOOR_RATIO else "DOES NOT HOLD"))
+                            "floor %.2fx: %s)" % (n, ours or 0, GOAL_RATE, _holds((ours or 0) >= GOAL_RATE),
+                                                   ratio, GOAL_RATIO, _holds(ratio >= GOAL_RATIO),
+                                                   FLOOR_RATIO, _holds(ratio >= FLOOR_RATIO)))
         print()
         for n in self.counts:
             for name in ("gxpc make", "mount make", "hosts"):
                 prefix = "%s %d by " % (name, n)
                 parts = sorted(((sum(v) / len(self.samples["%s %d wall" % (name, n)]), k[len(prefix):])
                                 for k, v in self.samples.items() if k.startswith(prefix)), reverse=True)
-                if parts:
-                    print("session CPU of %s, %d recipes, ms per recipe: %s" % (name, n, ", ".join(
-                        "%s %.2f" % (what, s * 1000.0 / n) for s, what in parts[:6] if s * 1000.0 / n >= 0.01)))
+                shown = ["%s %.2f" % (what, s * 1000.0 / n) for s, what in parts[:6]
+                         if s * 1000.0 / n >= 0.01]
+                if shown:
+                    print("session CPU of %s, %d recipes, ms per recipe: %s" % (name, n, ", ".join(shown)))
         print()
         for v in verdicts:
             print("goal: " + v)
@@ -276,12 +282,14 @@ def main(argv=None) -> int:
                    help="recipes per make (repeatable; default 2000 and 10000)")
     p.add_argument("--reps", type=int, default=3, help="runs of each case (default 3)")
     p.add_argument("--agents", type=int, default=4, help="local agents in the session (default 4)")
-    p.add_argument("--hosts", type=int, default=8, help="test-bed hosts for a second session (default 8; 0: none)")
+    p.add_argument("--hosts", type=int, default=8,
+                   help="test-bed hosts for a second session (default 8; 0: none)")
     a = p.parse_args(argv)
     counts = a.recipes or [2000, 10000]
     if not all(1 <= n <= 1000000 for n in counts) or not 1 <= a.reps <= 100 or not 1 <= a.agents <= 256 \
             or not 0 <= a.hosts <= 64:
-        p.error("--recipes from 1 to 1000000, --reps from 1 to 100, --agents from 1 to 256, --hosts from 0 to 64")
+        p.error("--recipes from 1 to 1000000, --reps from 1 to 100, --agents from 1 to 256, "
+                "--hosts from 0 to 64")
     return main_driver(Dispatch, counts, a.reps, a.agents, a.hosts)
 
 

@@ -86,8 +86,9 @@ static void forget_fa(const posix_spawn_file_actions_t *fa) {
 
 /* A new (or reused) file actions object dups nothing yet. */
 int posix_spawn_file_actions_init(posix_spawn_file_actions_t *fa) {
-    static int (*real)(posix_spawn_file_actions_t *);
-    if (!real) real = (int (*)(posix_spawn_file_actions_t *))dlsym(RTLD_NEXT, "posix_spawn_file_actions_init");
+    typedef int (*init_fn)(posix_spawn_file_actions_t *);
+    static init_fn real;
+    if (!real) real = (init_fn)dlsym(RTLD_NEXT, "posix_spawn_file_actions_init");
     if (active) forget_fa(fa);
     return real(fa);
 }

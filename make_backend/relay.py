@@ -260,8 +260,8 @@ class Relay:
         if self.dead:
             self._finish(r, EXIT_NO_RUN, self.dead)
             return
-        args = {"cmd": node_command(r.argv), "cwd": r.cwd, "env": self._env_diff(r.env_block),
-                "avoid": r.avoid}
+        args: Dict[str, Any] = {"cmd": node_command(r.argv), "cwd": r.cwd,
+                                "env": self._env_diff(r.env_block), "avoid": r.avoid}
         if r.fds and self._wants_stdin(r.fds[0]):
             r.want_stdin = args["stdin"] = True
         r.req = self._request("job", args)
@@ -353,10 +353,11 @@ class Relay:
             r = self.by_job.get(msg["job"])
             if r is None or src != r.node:
                 return
-            del self.by_job[r.job]
+            del self.by_job[msg["job"]]
             error = msg["error"]
             if error.startswith("node lost") and not r.avoid and not r.signals:
-                self._say(r, "%s: %s on %s; running it again on another node" % (label_of(r.argv), error, r.name))
+                self._say(r, "%s: %s on %s; running it again on another node"
+                          % (label_of(r.argv), error, r.name))
                 r.avoid.append(r.node)
                 r.node = r.job = None
                 self._submit(r)
@@ -424,7 +425,7 @@ class Relay:
         try:
             timeout = 200 if self.progress_fd is not None else None
             while True:
-                for fd, ev in self.poll.poll(timeout):
+                for fd, _events in self.poll.poll(timeout):
                     if fd == done_fd:
                         return
                     if fd == listen_fd:

@@ -51,7 +51,8 @@ all: top
 \t@$(MAKE) -f sub.mk
 top:
 \t@echo "top: shell=$(SHELL) flags=[$(.SHELLFLAGS)] make=$(MAKE) mf=[$(MAKEFLAGS)] mo=[$(MAKEOVERRIDES)]"
-\t@echo "top env: MAKEFLAGS=[$$MAKEFLAGS] MAKELEVEL=$$MAKELEVEL MFLAGS=[$$MFLAGS] GNUMAKEFLAGS=[$${GNUMAKEFLAGS-unset}]"
+\t@echo "top env: MAKEFLAGS=[$$MAKEFLAGS] MAKELEVEL=$$MAKELEVEL MFLAGS=[$$MFLAGS]"
+\t@echo "top env: GNUMAKEFLAGS=[$${GNUMAKEFLAGS-unset}]"
 \t@echo "top env: MAKEOVERRIDES=[$${MAKEOVERRIDES-unset}] FOO=[$$FOO] BAR=[$${BAR-unset}] V=[$$V]"
 \t@echo "top env: LD_PRELOAD=[$${LD_PRELOAD-unset}] hook=$$(env | grep -c '^GXP_MAKE')"
 """,
@@ -148,7 +149,7 @@ def _write(gxp, root: str, files: dict) -> None:
             f.write(text)
     if gxp.user:
         pw = pwd.getpwnam(gxp.user)
-        for dirpath, dirs, names in os.walk(root):
+        for dirpath, _dirs, names in os.walk(root):
             for n in [dirpath] + [os.path.join(dirpath, x) for x in names]:
                 os.chown(n, pw.pw_uid, pw.pw_gid)
 

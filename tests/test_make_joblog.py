@@ -66,5 +66,5 @@ def test_progress_line_on_a_terminal(gxp, workdir):  # noqa: F811
                            text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "gxpc make: 0 done, 3 running" in r.stdout, r.stdout
-    assert sorted(x for x in r.stdout.replace("\x1b[K", "").replace("\r", "\n").splitlines() if x.startswith("made")) == \
-        ["made a", "made b", "made c"]
+    lines = r.stdout.replace("\x1b[K", "").replace("\r", "\n").splitlines()
+    assert sorted(x for x in lines if x.startswith("made")) == ["made a", "made b", "made c"]

@@ -38,7 +38,7 @@ def bed():
     b = testbed.TestBed()
     try:
         b.up(HOSTS, hide_paths=[REPO, venv_dir()])
-        b.add_user("gxpk" + uuid.uuid4().hex[:6])
+        b.add_user("gxpmk" + uuid.uuid4().hex[:6])
         yield b
     finally:
         b.teardown()
@@ -61,6 +61,8 @@ def mounted(bed):
     finally:
         g.run("umount", mnt)
         _finish(g)
+        for d in (export, mnt):       # the head's own (the hosts' /tmp goes with the bed)
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _as_user(g, argv, cwd=None, **kw):
@@ -78,7 +80,7 @@ def _stage(g, files: dict) -> str:
         with open(path, "wb") as f:
             f.write(data if isinstance(data, bytes) else data.encode())
     pw = pwd.getpwnam(g.user)
-    for root, dirs, names in os.walk(os.fsencode(top)):
+    for root, _dirs, names in os.walk(os.fsencode(top)):
         for n in [root] + [os.path.join(root, x) for x in names]:
             os.chown(n, pw.pw_uid, pw.pw_gid)
     return top
