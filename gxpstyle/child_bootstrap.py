@@ -152,7 +152,8 @@ class ChildStart:
         self.link.send_frame(bootstrap.payload_wire(
             self.node.payloads.for_tag(tag, service=bool(self.spec.get("role")))))
         self.link.send(self.child, self.node.id, self.node.hello_for(
-            self.child, self.target, self.spec.get("role"), self.spec.get("role_config")))
+            self.child, self.target, self.spec.get("role"), self.spec.get("role_config"),
+            self.spec.get("role_module")))
         self.link.feed_initial(rest)
 
     def ready(self, info: Dict[str, Any]) -> None:
