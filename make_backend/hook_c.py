@@ -314,7 +314,15 @@ int main(int argc, char **argv) {
     cm->cmsg_len = CMSG_LEN(sizeof fds);
     memcpy(CMSG_DATA(cm), fds, sizeof fds);
     ssize_t sent = sendmsg(sock, &mh, 0);
-    while (sent < 0 && errno == EINTR) sent = sendmsg(sock, &mh, 0);
+    /* ETOOMANYREFS: the user has more descriptors in flight than its limit (many
+       recipes queued for the relay): wait for the relay to take some. */
+    for (unsigned pause = 100; sent < 0 && (errno == EINTR || errno == ETOOMANYREFS); ) {
+        if (errno == ETOOMANYREFS) {
+            usleep(pause);
+            if (pause < 20000) pause *= 2;
+        }
+        sent = sendmsg(sock, &mh, 0);
+    }
     if (sent < 0) fail("the make relay");
     size_t off = (size_t)sent;
     while (off < b.n) {

@@ -142,6 +142,22 @@ def hook_for(make: str) -> Optional[Tuple[str, str]]:
     return hook_build.find_or_build()
 
 
+def fd_limit_for_relay() -> Optional[Callable[[], None]]:
+    """The relay holds 4 descriptors a running recipe: raise our limit to the
+    hard one, and give make (the function returned runs in its child) the
+    limit the user had."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+    if want <= soft:
+        return None
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError):
+        return None
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def hook_env(env: Dict[str, str], make: str, shim: str, client: str, relay: str) -> None:
     """What the shim reads (and hides from make) in make's environment."""
     old = env.get("LD_PRELOAD")
@@ -156,7 +172,7 @@ def run_make(argv: List[str], env: Dict[str, str],
     """Run make in our process group (Ctrl-C reaches it and every recipe shell
     directly); pass on SIGTERM/SIGHUP; return its exit status as a shell would.
     With `serve`, it runs here until make exits (given a fd that then reads)."""
-    proc = subprocess.Popen(argv, env=env)
+    proc = subprocess.Popen(argv, env=env, preexec_fn=fd_limit_for_relay() if serve else None)
     seen: List[int] = []
 
     def forward(signum: int, frame: Any) -> None:

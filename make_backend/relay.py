@@ -17,6 +17,7 @@ Head side only; standard library.
 from __future__ import annotations
 
 import os
+import resource
 import select
 import signal
 import socket
@@ -139,16 +140,32 @@ class Relay:
         self.progress_at = 0.0
         self.done = 0
         self.dead = ""                       # why the session is gone, once it is
+        self.accept_paused = False           # no fd left for another recipe just now
+        self.fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.fd_base = 16 + len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 64
         self.base_env: Optional[Dict[str, Optional[str]]] = None   # sent once (`env` verb)
         self.out = bytearray()               # frames to the head, sent once per poll round
         self.env_diffs: Dict[bytes, Dict[str, Optional[str]]] = {}
 
     # -- clients ----------------------------------------------------------------
+    def _pause_accept(self) -> None:
+        if not self.accept_paused:
+            self.accept_paused = True
+            self.poll.unregister(self.listener.fileno())
+
     def _accept(self) -> None:
         while True:
+            # 4 descriptors a recipe (its connection, make's 3 fds): one that
+            # would not fit waits in the listen queue until a recipe ends.
+            if self.fd_base + 4 * (len(self.by_fd) + 1) > self.fd_limit:
+                self._pause_accept()
+                return
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
+                return
+            except OSError:        # out of descriptors after all
+                self._pause_accept()
                 return
             conn.setblocking(False)
             r = Recipe(conn, [])
@@ -219,6 +236,9 @@ class Relay:
         for f in r.fds:
             os.close(f)
         r.fds = []
+        if self.accept_paused:
+            self.accept_paused = False
+            self.poll.register(self.listener.fileno(), select.POLLIN)
 
     # -- the head -----------------------------------------------------------------
     def _wants_stdin(self, fd: int) -> bool:

@@ -68,3 +68,24 @@ def test_progress_line_on_a_terminal(gxp, workdir):  # noqa: F811
     assert "gxpc make: 0 done, 3 running" in r.stdout, r.stdout
     lines = r.stdout.replace("\x1b[K", "").replace("\r", "\n").splitlines()
     assert sorted(x for x in lines if x.startswith("made")) == ["made a", "made b", "made c"]
+
+
+def test_more_recipes_at_once_than_descriptors(gxp, workdir):  # noqa: F811
+    """The relay holds 4 descriptors a running recipe: with a low hard limit the
+    surplus recipes wait for a free one instead of failing."""
+    gxp.ok("explore", "--local", "3")
+    with open(os.path.join(workdir, "Makefile"), "w") as f:
+        f.write("T := $(addprefix t,$(shell seq 1 40))\nall: $(T)\nt%:\n\t@sleep 0.3; echo $@ > $@\n")
+    if gxp.user:
+        pw = pwd.getpwnam(gxp.user)
+        os.chown(os.path.join(workdir, "Makefile"), pw.pw_uid, pw.pw_gid)
+    cmd = "ulimit -n 48 && exec " + " ".join(shlex.quote(w) for w in gxp.argv(["make", "-j40"]))
+    if gxp.user:
+        r = gxp.bed.run_as(gxp.user, ["sh", "-c", cmd], env=gxp.env(), cwd=workdir,
+                           capture_output=True, text=True, timeout=60)
+    else:
+        import subprocess
+        r = subprocess.run(["sh", "-c", cmd], cwd=workdir, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    assert all(open(os.path.join(workdir, "t%d" % i)).read() == "t%d\n" % i for i in range(1, 41))
