@@ -88,6 +88,21 @@ def parse_env(block: bytes) -> Dict[str, Optional[str]]:
     return env
 
 
+MAX_ENV_VALUE, MAX_ENV_ITEMS = 1 << 20, 1 << 14   # the make service's ENV_ARGS
+
+
+def check_env(env: Dict[str, Optional[str]]) -> None:
+    """Refuse, in the user's words, an environment the session would not carry
+    whole: a recipe must never run with part of it."""
+    if len(env) > MAX_ENV_ITEMS:
+        raise ValueError("the environment has %d variables; at most %d reach the nodes"
+                         % (len(env), MAX_ENV_ITEMS))
+    for k, v in env.items():
+        if v is not None and len(v) > MAX_ENV_VALUE:
+            raise ValueError("environment variable %s is %d characters long; at most %d reach the nodes"
+                             % (k, len(v), MAX_ENV_VALUE))
+
+
 def label_of(argv: List[bytes], limit: int = 60) -> str:
     """How messages (and the job log, with a larger limit) name a recipe: the
     first line of its command."""
@@ -280,8 +295,12 @@ class Relay:
         if self.dead:
             self._finish(r, EXIT_NO_RUN, self.dead)
             return
-        args: Dict[str, Any] = {"cmd": node_command(r.argv), "cwd": r.cwd,
-                                "env": self._env_diff(r.env_block), "avoid": r.avoid}
+        try:
+            env = self._env_diff(r.env_block)
+        except ValueError as e:
+            self._finish(r, EXIT_NO_RUN, str(e))
+            return
+        args: Dict[str, Any] = {"cmd": node_command(r.argv), "cwd": r.cwd, "env": env, "avoid": r.avoid}
         if r.fds and self._wants_stdin(r.fds[0]):
             r.want_stdin = args["stdin"] = True
         r.req = self._request("job", args)
@@ -295,6 +314,7 @@ class Relay:
         if diff is not None:
             return diff
         env = parse_env(block)
+        check_env(env)
         if self.base_env is None:
             # The node's agent has the environment the session started with: a
             # variable make does not export (unexport, or unset since) is unset.

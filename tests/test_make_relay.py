@@ -8,6 +8,8 @@ import struct
 import subprocess
 import tempfile
 
+import pytest
+
 from hypothesis import given, settings, strategies as st
 
 from make_backend.relay import node_command, parse_env, parse_request
@@ -68,3 +70,10 @@ def test_the_hook_builds_where_a_compiler_is_and_falls_back_where_none_is(tmp_pa
     r = subprocess.run([client], capture_output=True, text=True)
     assert r.returncode == 127 and r.stderr == "gxpc make: gxpmake-job is started by gxpc make only\n"
     assert hook_build.find_or_build() == (shim, client)   # built once
+
+
+def test_an_environment_the_session_cannot_carry_is_refused_in_one_line():
+    from make_backend.relay import MAX_ENV_VALUE, check_env
+    check_env({"A": "x" * MAX_ENV_VALUE, "B": None})
+    with pytest.raises(ValueError, match="^environment variable BIG is 1048577 characters long"):
+        check_env({"BIG": "x" * (MAX_ENV_VALUE + 1)})
