@@ -17,6 +17,7 @@
 SHIM = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -30,6 +31,7 @@ typedef int (*spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t 
 typedef int (*dup2_fn)(posix_spawn_file_actions_t *, int, int);
 
 static int active;                   /* this process is the make we hook */
+static int passive;                  /* a program of a recursive line: pass the hook to make */
 static char *hook_env[8];            /* our variables, given back to sub-makes */
 static int n_hook_env;
 static const char *relay, *client;
@@ -56,27 +58,38 @@ static const char *value_of(const char *name) {
     return NULL;
 }
 
+/* Our variables out of this process's environment (the old LD_PRELOAD back). */
+static void hide_hook_env(void) {
+    const char *old = value_of("GXP_MAKE_OLD_PRELOAD");
+    if (old) setenv("LD_PRELOAD", old, 1); else unsetenv("LD_PRELOAD");
+    unsetenv("GXP_MAKE_EXE"); unsetenv("GXP_MAKE_RELAY");
+    unsetenv("GXP_MAKE_CLIENT"); unsetenv("GXP_MAKE_OLD_PRELOAD");
+}
+
+/* Two modes. In the make we hook (GXP_MAKE_EXE is this program): wrap its
+   spawns. In a program a recursive recipe line starts here (its shell, and
+   what the shell runs): hide our variables too, and give them back only to a
+   make it executes, so a recursive line sees the environment make gave it and
+   its sub-make is hooked. */
 __attribute__((constructor)) static void gxpmake_init(void) {
     const char *exe = getenv("GXP_MAKE_EXE");
     char self[4096];
     ssize_t n;
     if (!exe) return;
-    n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return;
-    self[n] = 0;
-    if (strcmp(self, exe)) return;        /* a recipe's own program: not ours to touch */
     keep("LD_PRELOAD"); keep("GXP_MAKE_EXE"); keep("GXP_MAKE_RELAY");
     keep("GXP_MAKE_CLIENT"); keep("GXP_MAKE_OLD_PRELOAD");
+    exe = value_of("GXP_MAKE_EXE");
     relay = value_of("GXP_MAKE_RELAY");
     client = value_of("GXP_MAKE_CLIENT");
-    if (!relay || !client) return;
+    if (!exe || !relay || !client) return;
     make_base = strrchr(exe, '/') ? strrchr(exe, '/') + 1 : exe;
-    /* make must see the environment the user gave it, not ours */
-    const char *old = getenv("GXP_MAKE_OLD_PRELOAD");
-    if (old) setenv("LD_PRELOAD", old, 1); else unsetenv("LD_PRELOAD");
-    unsetenv("GXP_MAKE_EXE"); unsetenv("GXP_MAKE_RELAY");
-    unsetenv("GXP_MAKE_CLIENT"); unsetenv("GXP_MAKE_OLD_PRELOAD");
-    active = 1;
+    hide_hook_env();
+    n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = 0;
+        if (!strcmp(self, exe)) { active = 1; return; }
+    }
+    passive = 1;
 }
 
 static void forget_fa(const posix_spawn_file_actions_t *fa) {
@@ -178,8 +191,19 @@ static char **with_hook_env(char *const envp[]) {
     return out;
 }
 
+static int is_make_path(const char *path) {
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    return is_make_word(base, strlen(base));
+}
+
 static int spawn(spawn_fn real, pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
                  const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
+    if (passive && is_make_path(path)) {
+        char **env = with_hook_env(envp);
+        int r = real(pid, path, fa, attr, argv, env ? env : (char **)envp);
+        free(env);
+        return r;
+    }
     if (!active) return real(pid, path, fa, attr, argv, envp);
     if (stdout_is_pipe(fa))                        /* $(shell ...): make reads it here */
         return real(pid, path, fa, attr, argv, envp);
@@ -201,6 +225,39 @@ static int spawn(spawn_fn real, pid_t *pid, const char *path, const posix_spawn_
     free(args);
     return r;
 }
+
+typedef int (*execve_fn)(const char *, char *const[], char *const[]);
+typedef int (*execv_fn)(const char *, char *const[]);
+
+int execve(const char *path, char *const argv[], char *const envp[]) {
+    static execve_fn real;
+    if (!real) real = (execve_fn)dlsym(RTLD_NEXT, "execve");
+    if (passive && is_make_path(path)) {
+        char **env = with_hook_env(envp);
+        int r = real(path, argv, env ? env : (char **)envp);
+        free(env);
+        return r;
+    }
+    return real(path, argv, envp);
+}
+
+/* execv and execvp read environ (glibc's own execve call is not ours to wrap).
+   make itself re-executes with execvp after remaking an included makefile:
+   the new make must be hooked too. */
+static int exec_environ(const char *name, const char *file, char *const argv[]) {
+    execv_fn real = (execv_fn)dlsym(RTLD_NEXT, name);
+    if (!real) return -1;
+    if (!((active || passive) && is_make_path(file))) return real(file, argv);
+    for (int i = 0; i < n_hook_env; i++) putenv(hook_env[i]);
+    int r = real(file, argv);
+    int e = errno;
+    hide_hook_env();
+    errno = e;
+    return r;
+}
+
+int execv(const char *path, char *const argv[]) { return exec_environ("execv", path, argv); }
+int execvp(const char *file, char *const argv[]) { return exec_environ("execvp", file, argv); }
 
 int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
                 const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {

@@ -48,7 +48,7 @@ VARIABLES = {
 export FOO = exported from make
 unexport BAR
 all: top
-\t@$(MAKE) -f sub.mk
+\t@echo "recursive line sees $$(env | grep -c -E '^(LD_PRELOAD|GXP_MAKE)=') hook variables"; $(MAKE) -f sub.mk
 top:
 \t@echo "top: shell=$(SHELL) flags=[$(.SHELLFLAGS)] make=$(MAKE) mf=[$(MAKEFLAGS)] mo=[$(MAKEOVERRIDES)]"
 \t@echo "top env: MAKEFLAGS=[$$MAKEFLAGS] MAKELEVEL=$$MAKELEVEL MFLAGS=[$$MFLAGS]"
@@ -180,6 +180,16 @@ def test_same_as_plain_make(gxp, workdir, files, args, stdin):  # noqa: F811
     assert (got.returncode, _lines(got.stderr, ours)) == (want.returncode, _lines(want.stderr, plain))
     assert _lines(got.stdout, ours) == _lines(want.stdout, plain)
     assert _tree(ours) == _tree(plain)
+
+
+def test_a_make_that_remade_its_makefile_still_sends_recipes_to_the_agents(gxp, workdir):  # noqa: F811
+    """make re-executes itself after remaking an included makefile: the new make
+    is hooked too (printenv fails where GXP_NODE_ID is not set, i.e. here)."""
+    gxp.ok("explore", "--local", "2")
+    _write(gxp, workdir, {"Makefile": "include gen.mk\nall: a b\ngen.mk:\n\techo 'X := 1' > $@\n"
+                                      "a b:\n\t@printenv GXP_NODE_ID\n"})
+    r = gxp.ok("make", "-j2", cwd=workdir)
+    assert r.stdout.split()[-2:] and all(x.startswith("0") for x in r.stdout.split()[-2:]), r.stdout
 
 
 def test_recipes_ran_on_the_agents(gxp, workdir):  # noqa: F811
