@@ -60,8 +60,10 @@ def label(recipe: str) -> str:
 
 def is_recursive(recipe: str, makeflags: str) -> bool:
     """Does this recipe line run make? make keeps its jobserver pipe open only
-    for such lines ($(MAKE) or +); without a jobserver (-j1), look at the words."""
-    m = re.search(r"--jobserver-auth=(\d+),(\d+)", makeflags)
+    for such lines ($(MAKE) or +); without a pipe jobserver (-j1, or make 4.4's
+    --jobserver-auth=fifo:PATH, which leaves no descriptor to look at), look at
+    the words."""
+    m = re.search(r"--jobserver-(?:auth|fds)=(\d+),(\d+)", makeflags)
     if m:
         try:
             os.fstat(int(m.group(1)))

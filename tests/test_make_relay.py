@@ -77,3 +77,17 @@ def test_an_environment_the_session_cannot_carry_is_refused_in_one_line():
     check_env({"A": "x" * MAX_ENV_VALUE, "B": None})
     with pytest.raises(ValueError, match="^environment variable BIG is 1048577 characters long"):
         check_env({"BIG": "x" * (MAX_ENV_VALUE + 1)})
+
+
+def test_the_fallback_job_shell_finds_recursive_lines_with_any_jobserver():
+    from make_backend.job_shell import is_recursive
+    r, w = os.pipe()
+    try:
+        assert is_recursive("echo hi", "-j4 --jobserver-auth=%d,%d" % (r, w))   # make left it open
+    finally:
+        os.close(r)
+        os.close(w)
+    for flags in ("-j4 --jobserver-auth=fifo:/tmp/GMfifo123", "", " -j1"):
+        assert is_recursive("cd sub && make -j4 all", flags)
+        assert is_recursive("/usr/bin/gmake -C d", flags)
+        assert not is_recursive("echo making; cc -o make.o make.c", flags)
