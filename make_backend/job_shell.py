@@ -1,11 +1,15 @@
-"""The SHELL that `gxpc make` gives GNU make: one process per recipe.
+"""The fallback hook: the SHELL that `gxpc make` gives GNU make when its
+compiled hook (hook_c.py, relay.py) cannot be used. One Python process per
+recipe (about 40 ms of CPU), and visible to the makefile as $(SHELL).
 
 make runs it as
 
-    python -m make_backend.job_shell --target $@ --inputs $^ -c 'RECIPE'
+    python -m make_backend.job_shell --recipe -c 'RECIPE'
 
-(.SHELLFLAGS is expanded per recipe, so the job declares its namespace: the
-target it makes and the prerequisites it reads). It asks the session's head for
+(.SHELLFLAGS is expanded per recipe: `$(if $@,--recipe)` says whether make runs
+a recipe or a `$(shell ...)` at parse time, and is the same word whatever the
+target is called: no target or prerequisite name ever reaches a command line,
+so none can become code). It asks the session's head for
 a node, streams the recipe's stdout and stderr back to make's own, and exits
 with the recipe's status, so make's messages, -k, -i, .DELETE_ON_ERROR and exit
 codes are make's own.
@@ -37,19 +41,29 @@ class Usage(Exception):
     pass
 
 
-def parse_args(argv: List[str]) -> Tuple[str, List[str], str]:
-    """(target, inputs, recipe) from `--target [T] --inputs [I...] -c RECIPE`."""
-    if len(argv) < 4 or argv[0] != "--target" or argv[-2] != "-c" or "--inputs" not in argv:
-        raise Usage("usage: job_shell --target [T] --inputs [I...] -c RECIPE")
-    i = argv.index("--inputs")
-    target = " ".join(argv[1:i])
-    return target, argv[i + 1:-2], argv[-1]
+def parse_args(argv: List[str]) -> Tuple[bool, str]:
+    """(is a recipe, recipe) from `[--recipe] -c RECIPE`."""
+    if argv[:1] == ["--recipe"]:
+        is_recipe, argv = True, argv[1:]
+    else:
+        is_recipe = False
+    if len(argv) != 2 or argv[0] != "-c":
+        raise Usage("usage: job_shell [--recipe] -c RECIPE")
+    return is_recipe, argv[1]
+
+
+def label(recipe: str) -> str:
+    """How messages name a recipe: its first line, shortened."""
+    first = recipe.strip().split("\n", 1)[0]
+    return first if len(first) <= 60 else first[:57] + "..."
 
 
 def is_recursive(recipe: str, makeflags: str) -> bool:
     """Does this recipe line run make? make keeps its jobserver pipe open only
-    for such lines ($(MAKE) or +); without a jobserver (-j1), look at the words."""
-    m = re.search(r"--jobserver-auth=(\d+),(\d+)", makeflags)
+    for such lines ($(MAKE) or +); without a pipe jobserver (-j1, or make 4.4's
+    --jobserver-auth=fifo:PATH, which leaves no descriptor to look at), look at
+    the words."""
+    m = re.search(r"--jobserver-(?:auth|fds)=(\d+),(\d+)", makeflags)
     if m:
         try:
             os.fstat(int(m.group(1)))
@@ -108,8 +122,10 @@ def run_here(recipe: str) -> NoReturn:
     os.execv("/bin/sh", ["/bin/sh", "-c", recipe])
 
 
-def run_remote(session_dir: str, target: str, inputs: List[str], recipe: str) -> int:
+def run_remote(session_dir: str, recipe: str) -> int:
     from gxpstyle.client import Client, ClientError
+
+    target = label(recipe)
 
     c = Client(session_dir)
     interrupts = []   # signals received, in order
@@ -135,7 +151,7 @@ def run_remote(session_dir: str, target: str, inputs: List[str], recipe: str) ->
         avoid: List[str] = []
         for attempt in (1, 2):
             args = {"cmd": recipe, "cwd": os.getcwd(), "env": job_env(dict(os.environ)),
-                    "target": target, "inputs": inputs, "avoid": avoid}
+                    "avoid": avoid}
             status, result = c.call("job", args)
             if status:
                 _err("%s: %s" % (target, result.get("error", "no node for the recipe")))
@@ -187,15 +203,15 @@ def _follow(c: object, node: str, job: int) -> Tuple[int, str]:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        target, inputs, recipe = parse_args(argv)
+        is_recipe, recipe = parse_args(argv)
     except Usage as e:
         _err(str(e))
         return 2
     recipe = strip_inner_prefixes(recipe)
     session_dir = os.environ.get("GXP_SESSION")
-    if not target or not session_dir or is_recursive(recipe, os.environ.get("MAKEFLAGS", "")):
+    if not is_recipe or not session_dir or is_recursive(recipe, os.environ.get("MAKEFLAGS", "")):
         run_here(recipe)
-    return run_remote(session_dir, target, inputs, recipe)
+    return run_remote(session_dir, recipe)
 
 
 if __name__ == "__main__":

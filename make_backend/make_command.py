@@ -1,9 +1,12 @@
 """`gxpc make`: the real GNU make, with every recipe run on a node the head picks.
 
-We never read the makefile: make gets two command-line variables, SHELL (our
-job shell) and .SHELLFLAGS (which make expands per recipe, so each job carries
-its target and prerequisites), and every other argument unchanged. make's own
-output, messages and exit status are what the user sees.
+We never read the makefile and make gets every argument unchanged. A library
+preloaded into make alone (hook_c.py) turns each command make spawns for a
+recipe into a small client of this process's relay (relay.py), which runs it on
+a node: make's variables, environment, messages and exit status stay its own.
+Where the hook cannot be built or loaded (no C compiler, a make before 4.3),
+make gets SHELL and .SHELLFLAGS on its command line instead (job_shell.py):
+slower, and visible to the makefile.
 """
 from __future__ import annotations
 
@@ -12,18 +15,24 @@ import shutil
 import signal
 import subprocess
 import sys
-from typing import Any, Dict, List, Optional
+import tempfile
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 USAGE = """\
-usage: gxpc make [--local] [MAKE-ARGUMENTS...]
+usage: gxpc make [--local] [--joblog FILE] [MAKE-ARGUMENTS...]
 
 Run GNU make here, with each recipe on one of the session's nodes (chosen by the
-head). Every argument but --local goes to make unchanged: -j N, -k, -n, -f FILE,
+head). Every other argument goes to make unchanged: -j N, -k, -n, -f FILE,
 targets, VAR=value (see make --help). Recipe output and the exit status are
-make's own.
+make's own. On a terminal, stderr shows a progress line (recipes done, running,
+waiting for a node; nodes busy).
 
-  --local     run every recipe on this machine (plain make)
-  -h, --help  show this help
+  --local         run every recipe on this machine (plain make)
+  --joblog FILE   one line per recipe run on a node, tab-separated: recipe (its
+                  command's first line), node, start and end (seconds since the
+                  epoch), exit status, bytes of output
+  -h, --help      show this help
 
 Recipes run under the same directory on their node, so the working directory
 must be on the session's GMount (gxpc mount) unless every node is a local agent
@@ -31,28 +40,59 @@ must be on the session's GMount (gxpc mount) unless every node is a local agent
 and says so once.
 """
 
-JOB_SHELL_FLAGS = "-m make_backend.job_shell --target $@ --inputs $^ -c"
+# No name in here: a target is data, never a word of a command line.
+JOB_SHELL_FLAGS = "-m make_backend.job_shell $(if $@,--recipe) -c"
 
 
 class MakeUsage(Exception):
     pass
 
 
-def split_own_options(args: List[str]) -> "tuple[bool, bool, List[str]]":
-    """(help, local, make's arguments): ours are taken only before a `--`."""
-    help_, local, rest = False, False, []
+class Options:
+    def __init__(self) -> None:
+        self.help = False
+        self.local = False
+        self.joblog: Optional[str] = None
+        self.make_args: List[str] = []
+
+
+def split_own_options(args: List[str]) -> Options:
+    """Ours, and make's arguments: ours are taken only before a `--`."""
+    o = Options()
     own = True
-    for a in args:
+    i = 0
+    while i < len(args):
+        a = args[i]
+        i += 1
         if own and a == "--":
             own = False
-            continue
-        if own and a in ("-h", "--help"):
-            help_ = True
+        elif own and a in ("-h", "--help"):
+            o.help = True
         elif own and a == "--local":
-            local = True
+            o.local = True
+        elif own and (a == "--joblog" or a.startswith("--joblog=")):
+            if a == "--joblog":
+                if i >= len(args):
+                    raise MakeUsage("--joblog needs a file name")
+                a, i = args[i], i + 1
+            else:
+                a = a.split("=", 1)[1]
+            if not a:
+                raise MakeUsage("--joblog needs a file name")
+            o.joblog = a
         else:
-            rest.append(a)
-    return help_, local, rest
+            o.make_args.append(a)
+    return o
+
+
+def open_joblog(path: str) -> Any:
+    try:
+        f = open(path, "w", encoding="utf-8", errors="surrogateescape")
+    except OSError as e:
+        raise MakeUsage("cannot write the job log %s: %s" % (path, e.strerror))
+    f.write("#recipe\tnode\tstart\tend\tstatus\tbytes\n")
+    f.flush()
+    return f
 
 
 def make_program() -> str:
@@ -87,10 +127,54 @@ def plan(stat: Dict[str, Any], cwd: str) -> str:
     return "remote"
 
 
-def run_make(argv: List[str], env: Dict[str, str]) -> int:
+def hook_for(make: str) -> Optional[Tuple[str, str]]:
+    """(shim, client) when this make can be hooked: it spawns recipes with
+    posix_spawn (GNU make 4.3 and later) and the hook is built or buildable."""
+    if os.environ.get("GXP_MAKE_HOOK") == "shell":   # the Python job shell, on purpose
+        return None
+    if not os.path.exists("/proc/self/exe"):   # the shim finds make by it
+        return None
+    try:
+        with open(make, "rb") as f:
+            if b"posix_spawn" not in f.read():
+                return None
+    except OSError:
+        return None
+    from make_backend import hook_build
+    return hook_build.find_or_build()
+
+
+def fd_limit_for_relay() -> Optional[Callable[[], None]]:
+    """The relay holds 4 descriptors a running recipe: raise our limit to the
+    hard one, and give make (the function returned runs in its child) the
+    limit the user had."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+    if want <= soft:
+        return None
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError):
+        return None
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def hook_env(env: Dict[str, str], make: str, shim: str, client: str, relay: str) -> None:
+    """What the shim reads (and hides from make) in make's environment."""
+    old = env.get("LD_PRELOAD")
+    if old is not None:
+        env["GXP_MAKE_OLD_PRELOAD"] = old
+    env["LD_PRELOAD"] = shim + (" " + old if old else "")
+    env.update(GXP_MAKE_EXE=make, GXP_MAKE_RELAY=relay, GXP_MAKE_CLIENT=client)
+
+
+def run_make(argv: List[str], env: Dict[str, str],
+             serve: Optional[Callable[[int], None]] = None) -> int:
     """Run make in our process group (Ctrl-C reaches it and every recipe shell
-    directly); pass on SIGTERM/SIGHUP; return its exit status as a shell would."""
-    proc = subprocess.Popen(argv, env=env)
+    directly); pass on SIGTERM/SIGHUP; return its exit status as a shell would.
+    With `serve`, it runs here until make exits (given a fd that then reads)."""
+    proc = subprocess.Popen(argv, env=env, preexec_fn=fd_limit_for_relay() if serve else None)
     seen: List[int] = []
 
     def forward(signum: int, frame: Any) -> None:
@@ -103,6 +187,16 @@ def run_make(argv: List[str], env: Dict[str, str]) -> int:
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
+        if serve is not None:
+            r, w = os.pipe()
+            waiter = threading.Thread(target=lambda: (proc.wait(), os.write(w, b"x")), daemon=True)
+            waiter.start()
+            try:
+                serve(r)
+            finally:
+                waiter.join()
+                os.close(r)
+                os.close(w)
         while True:
             try:
                 rc = proc.wait()
@@ -120,10 +214,21 @@ def run_make(argv: List[str], env: Dict[str, str]) -> int:
 
 
 def main(client: Optional[Any], session_dir: str, args: List[str]) -> int:
-    help_, local, make_args = split_own_options(args)
-    if help_:
+    opts = split_own_options(args)
+    local, make_args = opts.local, opts.make_args
+    if opts.help:
         sys.stdout.write(USAGE)
         return 0
+    joblog = open_joblog(opts.joblog) if opts.joblog else None
+    try:
+        return _run(client, session_dir, local, make_args, joblog)
+    finally:
+        if joblog is not None:
+            joblog.close()
+
+
+def _run(client: Optional[Any], session_dir: str, local: bool, make_args: List[str],
+         joblog: Any) -> int:
     argv = [make_program()]
     env = dict(os.environ)
     where = "here"
@@ -135,7 +240,26 @@ def main(client: Optional[Any], session_dir: str, args: List[str]) -> int:
             where = plan(stat, os.getcwd())
             if where == "here":
                 sys.stderr.write("gxpc make: no node explored; recipes run on this machine\n")
-    if where == "remote":
+    if where != "remote":
+        if joblog is not None:
+            sys.stderr.write("gxpc make: no recipe runs on a node, so the job log stays empty\n")
+        return run_make(argv + make_args, env)
+    make = os.path.realpath(shutil.which(argv[0]) or argv[0])
+    hook = hook_for(make)
+    if hook is None:
+        if joblog is not None:
+            sys.stderr.write("gxpc make: the job log needs the compiled hook (no C compiler here); "
+                             "it stays empty\n")
         env["GXP_SESSION"] = session_dir
         argv += ["SHELL=" + sys.executable, ".SHELLFLAGS=" + JOB_SHELL_FLAGS]
-    return run_make(argv + make_args, env)
+        return run_make(argv + make_args, env)
+    from make_backend.relay import Relay
+    tmp = tempfile.mkdtemp(prefix="gxpmake-")
+    try:
+        path = os.path.join(tmp, "relay")
+        progress = sys.stderr.fileno() if os.isatty(sys.stderr.fileno()) else None
+        relay = Relay(client, path, joblog, progress)
+        hook_env(env, make, hook[0], hook[1], path)
+        return run_make(argv + make_args, env, relay.serve)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

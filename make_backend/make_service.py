@@ -9,15 +9,20 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from gxpstyle.schema import ListOf, MapOf, Opt, Rec, Str
+from gxpstyle.schema import Bool, ListOf, MapOf, Opt, Rec, Str
 from gxpstyle.services import Service, Verb
 from make_backend.scheduler import MakeScheduler
 
 _PATH = Str(1 << 16)
+_ENV = MapOf(Opt(Str(1 << 20)), 1 << 14)
+# `env` in a job: what differs from the make's environment (ENV_ARGS), None
+# for a variable the recipe does not have.
 JOB_ARGS = Rec({"cmd": Str(1 << 20)},
-               {"cwd": Opt(Str(4096)), "env": MapOf(Opt(Str(1 << 20)), 1 << 14),
+               {"cwd": Opt(Str(4096)), "env": _ENV,
                 "target": _PATH, "inputs": ListOf(_PATH, 1 << 16),
-                "avoid": ListOf(Str(200), 4096)})
+                "avoid": ListOf(Str(200), 4096), "stdin": Bool()})
+# Once per make (per client): the environment most of its recipes share.
+ENV_ARGS = Rec({"env": _ENV})
 
 
 class MakeService(Service):
@@ -26,9 +31,17 @@ class MakeService(Service):
     def __init__(self, head: Any) -> None:
         super().__init__(head)
         self.scheduler = MakeScheduler()
+        self.envs: Dict[str, Dict[str, Optional[str]]] = {}   # client -> its make's environment
 
     def verbs(self) -> Dict[str, Verb]:
-        return {"job": Verb(self.req_job, JOB_ARGS)}
+        return {"job": Verb(self.req_job, JOB_ARGS), "env": Verb(self.req_env, ENV_ARGS)}
+
+    def req_env(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        self.envs[cid] = dict(args["env"])
+        self.head.reply(cid, req, 0, {})
+
+    def client_closed(self, client: str) -> None:
+        self.envs.pop(client, None)
 
     def req_job(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         """One recipe: pick the node, reply with it, then run it there."""
@@ -41,6 +54,7 @@ class MakeService(Service):
             return
         name = head.tree[nid].name
         env: Dict[str, Optional[str]] = head.shell.base_env()
+        env.update(self.envs.get(cid, {}))
         env.update(args.get("env") or {})
         env.update({"GXP_NODE_ID": nid, "GXP_HOSTNAME": name})
         job = head.job_table.new_id()
@@ -48,7 +62,7 @@ class MakeService(Service):
         head.reply(cid, req, 0, {"job": job, "node": nid, "name": name})
         self.scheduler.started((cid, job), nid)
         head.job_table.start(self, cid, job, [nid], args["cmd"], lambda n, i: env,
-                        lambda n: args.get("cwd"))
+                             lambda n: args.get("cwd"), stdin=bool(args.get("stdin")))
 
     def job_done(self, client: str, job: int, node: str, status: int, error: str) -> None:
         self.scheduler.finished((client, job))

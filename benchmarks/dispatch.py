@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""How fast `gxpc make` hands trivial recipes to nodes, against plain make.
+
+Run as root (the bench user is made by tests/testbed.py), from the checkout,
+after `scripts/install`:
+
+    /opt/gxpstyle/venv/bin/python benchmarks/dispatch.py                 # 2,000 and 10,000 recipes, 3 reps
+    /opt/gxpstyle/venv/bin/python benchmarks/dispatch.py --recipes 2000 --reps 1 --hosts 0   # about 20 s
+
+GNU parallel is an anchor when installed (`apt-get install parallel`; not needed).
+
+What it does:
+
+* Makes one ordinary user and a test bed of HOSTS hosts (--hosts, default 8;
+  0: none) that runs everything of the product from the installed venv; starts
+  a session with `gxpc explore --local AGENTS` (default 4) and, with hosts, a
+  second one that explores them and mounts a GMount of their /tmp (not measured).
+* For each count N (--recipes, default 2000 and 10000), a makefile of N trivial
+  recipes, `t%: ; @echo $@ >/dev/null`, and, interleaved, --reps times each:
+    anchor    `make -j32` (plain GNU make, every recipe on this machine);
+    ours      `gxpc make -j32` (every recipe on one of the agents, or the head);
+    mount make  plain `make -j32` in the GMount (what the mount itself costs make);
+    hosts     `gxpc make -j32` in the GMount, every recipe on a test-bed host or the head;
+    parallel  `parallel -j32 'echo {} >/dev/null'` over the same N names, if installed.
+  Each is spawned and reaped with wait4 by one measuring process of the user:
+  its rusage is the CPU of the command and everything it waited for (make, its
+  recipe processes, our relay). The session's daemon and agents are measured
+  from /proc before and after, and added for ours.
+* Prints medians: wall seconds, recipes/s, CPU ms per recipe (ours: the command's
+  own and the session's), and the ratio to plain make (recipes/s ours / plain).
+  The goal of issue 14: at least 1,000/s and 0.5x plain make (0.25x the floor).
+  All of it shares this machine's CPUs (with anything else running on it: the
+  report shows the load average before each count).
+
+The session is quit and the user removed whatever happens (Ctrl-C, SIGTERM,
+errors). Standard library only, plus tests/testbed.py and benchmarks/bench_harness.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import uuid
+
+from bench_harness import GXPC, Bench, BenchError, log, main_driver, ratio_text, user_pids
+
+import testbed  # noqa: E402  (bench_harness put tests/ on the path)
+
+JOBS = 32
+GOAL_RATE, GOAL_RATIO, FLOOR_RATIO = 1000.0, 0.5, 0.25
+
+MAKEFILE = """N := $(shell seq 1 %d)
+all: $(addprefix t,$(N))
+t%%: ; @echo $@ >/dev/null
+"""
+
+# Runs as the bench user: each command spawned and reaped alone.
+MEASURE = r"""
+import json, os, sys, time
+argv, cwd, stdin_path = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+os.chdir(cwd)
+null = os.open(os.devnull, os.O_RDWR)
+src = os.open(stdin_path, os.O_RDONLY) if stdin_path else null
+t0 = time.monotonic()
+pid = os.posix_spawn(argv[0], argv, dict(os.environ), file_actions=[
+    (os.POSIX_SPAWN_DUP2, src, 0), (os.POSIX_SPAWN_DUP2, null, 1)])
+_, status, ru = os.wait4(pid, 0)
+wall = time.monotonic() - t0
+code = os.waitstatus_to_exitcode(status)
+if code != 0:
+    sys.exit("%s exited %d" % (" ".join(argv), code))
+print(json.dumps({"wall": wall, "cpu": ru.ru_utime + ru.ru_stime}))
+"""
+
+
+def _holds(ok: bool) -> str:
+    return "holds" if ok else "DOES NOT HOLD"
+
+
+def _has_fuse(pid: int) -> bool:
+    try:
+        return any(os.readlink("/proc/%d/fd/%s" % (pid, fd)) == "/dev/fuse"
+                   for fd in os.listdir("/proc/%d/fd" % pid))
+    except OSError:
+        return False
+
+
+class Dispatch(Bench):
+    name = "dispatch.py"
+    call_timeout = 600
+
+    def __init__(self, counts: list, reps: int, agents: int, hosts: int) -> None:
+        super().__init__(log)
+        self.counts, self.reps, self.agents, self.hosts = counts, reps, agents, hosts
+        self.parallel = shutil.which("parallel")
+        self.local_session = self.host_session = None
+        self.mnt = None
+
+    def setup(self) -> None:
+        self.check_installed()
+        if not shutil.which("make"):
+            raise BenchError("GNU make is not installed")
+        tag = uuid.uuid4().hex[:8]
+        names = ["td%02d" % i for i in range(1, self.hosts + 1)]
+        if names:
+            self.open_fuse()
+            log("%s: test bed of %d hosts" % (self.name, len(names)))
+            self.bed_up(names, "gxpdsp")
+        else:
+            self.bed = testbed.TestBed()
+            self.user = self.bed.add_user("gxpdsp" + uuid.uuid4().hex[:6])
+        self.top = self.make_dir("/var/tmp/gxpdsp-" + tag)
+        self.session = self.local_session = os.path.join(self.top, "session")
+        log("%s: explore --local %d" % (self.name, self.agents))
+        self.gxpc("explore", "--local", self.agents)
+        if names:
+            self.session = self.host_session = os.path.join(self.top, "hsession")
+            export, self.mnt = "/tmp/gxpdsp-exp-" + tag, "/tmp/gxpdsp-mnt-" + tag
+            self.mount_tag = "gxpdsp-mnt-" + tag
+            log("%s: explore %d hosts, mount" % (self.name, len(names)))
+            self.gxpc("use", "ssh", "head", "td*")
+            self.gxpc("explore", *names)
+            self.gxpc("e", "mkdir -p %s %s" % (export, self.mnt))
+            self.made_dirs += [export, self.mnt]   # the head's own, removed after the teardown
+            self.gxpc("mount", export, self.mnt)
+        if not self.parallel:
+            self.odd.append("GNU parallel is not installed: no parallel anchor (apt-get install parallel)")
+
+    def _dir(self, n: int) -> str:
+        d = os.path.join(self.top, "n%d" % n)
+        if not os.path.isdir(d):
+            self.make_dir(d)
+            for name, text in (("Makefile", MAKEFILE % n),
+                               ("names", "".join("t%d\n" % i for i in range(1, n + 1)))):
+                with open(os.path.join(d, name), "w") as f:
+                    f.write(text)
+        return d
+
+    def _mounted_dir(self, n: int) -> str:
+        """The makefile in the GMount, written by the user (root may not enter it)."""
+        d = os.path.join(self.mnt, "n%d" % n)
+        r = self.bed.run_as(self.user.name, ["sh", "-c", 'mkdir -p "$1" && cat > "$1/Makefile"', "sh", d],
+                            env=self.env(), input=MAKEFILE % n, capture_output=True, text=True,
+                            timeout=self.call_timeout)
+        if r.returncode != 0:
+            raise BenchError("cannot write %s: %s" % (d, r.stderr.strip()))
+        return d
+
+    def _session_cpu(self) -> dict:
+        """pid -> (CPU seconds so far, what it is) of the user's long-lived
+        processes (daemons, agents, sshd, mount services), with the children
+        they reaped (the recipes' shells on the nodes)."""
+        out = {}
+        for pid in user_pids(self.user.uid):
+            try:
+                with open("/proc/%d/stat" % pid) as f:
+                    head, rest = f.read().rsplit(")", 1)
+                with open("/proc/%d/cmdline" % pid, "rb") as f:
+                    cmd = f.read().split(b"\0")
+            except OSError:
+                continue
+            fields = rest.split()
+            what = head.split("(", 1)[1]
+            for word in cmd[1:4]:
+                if word.startswith(b"gxpstyle.") or word.startswith(b"sshfsmux."):
+                    what = word.decode()
+            if b"zlib" in b" ".join(cmd):
+                what = "mount service" if _has_fuse(pid) else "agent"
+            out[pid] = (sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK"), what)
+        return out
+
+    def _cpu_since(self, before: dict, key: str) -> float:
+        """Seconds the user's processes spent since `before`; by kind into key."""
+        total = 0.0
+        for pid, (cpu, what) in self._session_cpu().items():
+            d = cpu - before.get(pid, (0.0, ""))[0]
+            if d > 0:
+                total += d
+                self.add("%s by %s" % (key, what), d)
+        return total
+
+    def _measure(self, argv: list, cwd: str, stdin: str = "") -> dict:
+        r = self.bed.run_as(self.user.name, ["/usr/bin/python3", "-I", "-c", MEASURE, json.dumps(argv),
+                                             cwd, stdin], env=self.env(), capture_output=True,
+                            text=True, timeout=self.call_timeout)
+        if r.returncode != 0:
+            raise BenchError("measuring failed (%d): %s" % (r.returncode, r.stderr.strip()))
+        return json.loads(r.stdout)
+
+    def run(self) -> None:
+        for n in self.counts:
+            d = self._dir(n)
+            with open("/proc/loadavg") as f:
+                self.info["load %d" % n] = f.read().split()[0]
+            cases = [("make", ["/usr/bin/env", "make", "-j%d" % JOBS], "", d)]
+            cases.append(("gxpc make", [GXPC, "--session", self.local_session, "make", "-j%d" % JOBS], "", d))
+            if self.host_session:
+                mounted = self._mounted_dir(n)
+                cases.append(("mount make", ["/usr/bin/env", "make", "-j%d" % JOBS], "", mounted))
+                cases.append(("hosts", [GXPC, "--session", self.host_session, "make", "-j%d" % JOBS], "",
+                              mounted))
+            if self.parallel:
+                cases.append(("parallel", [self.parallel, "-j%d" % JOBS, "echo {} >/dev/null"],
+                              os.path.join(d, "names"), d))
+            log("%s: %d recipes, %d reps of %s" % (self.name, n, self.reps, ", ".join(c[0] for c in cases)))
+            for _rep in range(self.reps):
+                for name, argv, stdin, cwd in cases:
+                    before = self._session_cpu()
+                    m = self._measure(argv, cwd, stdin)
+                    key = "%s %d" % (name, n)
+                    session = self._cpu_since(before, key)
+                    self.add(key + " wall", m["wall"])
+                    self.add(key + " rate", n / m["wall"])
+                    self.add(key + " cpu ms", m["cpu"] * 1000.0 / n)
+                    self.add(key + " session ms", session * 1000.0 / n)
+
+    def release(self) -> None:
+        if self.host_session is not None:
+            self.session = self.host_session
+            if self.mnt:
+                self.gxpc("umount", self.mnt, check=False)
+            self.quit_session()
+        if self.local_session is not None:
+            self.session = self.local_session
+            self.quit_session()
+        left = self.settle(0)
+        if left:
+            self.kill_survivors(left)
+
+    def report(self) -> None:
+        print("trivial recipes at -j%d, %d local agents, median of %d; CPU per recipe in ms "
+              "(own: the command and what it waited for; session: daemon, agents and their recipe shells)"
+              % (JOBS, self.agents, self.reps))
+        print("%-10s %7s %6s %8s %10s %9s %10s %9s" % ("case", "recipes", "load", "wall s", "recipes/s",
+                                                      "own ms", "session ms", "x make"))
+        verdicts = []
+        for n in self.counts:
+            anchor = self.med("make %d rate" % n)
+            for name in ("make", "gxpc make", "mount make", "hosts", "parallel"):
+                key = "%s %d" % (name, n)
+                if self.med(key + " wall") is None:
+                    continue
+                ours_case = name in ("gxpc make", "mount make", "hosts")
+                session = self.med(key + " session ms") if ours_case else None
+                print("%-10s %7d %6s %8.2f %10.0f %9.2f %10s %9s" % (
+                    name, n, self.info.get("load %d" % n, "-"), self.med(key + " wall"),
+                    self.med(key + " rate"), self.med(key + " cpu ms"),
+                    "%.2f" % session if session is not None else "-",
+                    ratio_text(anchor, self.med(key + " rate"))))
+            hosts = self.med("hosts %d rate" % n)
+            if hosts is not None:
+                verdicts.append("%d recipes on %d hosts: %.0f/s (goal 500/s: %s)"
+                                % (n, self.hosts, hosts, _holds(hosts >= 500)))
+            ours = self.med("gxpc make %d rate" % n)
+            ratio = ours / anchor if ours and anchor else 0.0
+            verdicts.append("%d recipes: %.0f/s (goal %.0f/s: %s), %.2fx plain make (goal %.2fx: %s; "
+                            "floor %.2fx: %s)" % (n, ours or 0, GOAL_RATE, _holds((ours or 0) >= GOAL_RATE),
+                                                   ratio, GOAL_RATIO, _holds(ratio >= GOAL_RATIO),
+                                                   FLOOR_RATIO, _holds(ratio >= FLOOR_RATIO)))
+        print()
+        for n in self.counts:
+            for name in ("gxpc make", "mount make", "hosts"):
+                prefix = "%s %d by " % (name, n)
+                parts = sorted(((sum(v) / len(self.samples["%s %d wall" % (name, n)]), k[len(prefix):])
+                                for k, v in self.samples.items() if k.startswith(prefix)), reverse=True)
+                shown = ["%s %.2f" % (what, s * 1000.0 / n) for s, what in parts[:6]
+                         if s * 1000.0 / n >= 0.01]
+                if shown:
+                    print("session CPU of %s, %d recipes, ms per recipe: %s" % (name, n, ", ".join(shown)))
+        print()
+        for v in verdicts:
+            print("goal: " + v)
+        for line in self.noticed_lines():
+            print(line)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--recipes", type=int, action="append",
+                   help="recipes per make (repeatable; default 2000 and 10000)")
+    p.add_argument("--reps", type=int, default=3, help="runs of each case (default 3)")
+    p.add_argument("--agents", type=int, default=4, help="local agents in the session (default 4)")
+    p.add_argument("--hosts", type=int, default=8,
+                   help="test-bed hosts for a second session (default 8; 0: none)")
+    a = p.parse_args(argv)
+    counts = a.recipes or [2000, 10000]
+    if not all(1 <= n <= 1000000 for n in counts) or not 1 <= a.reps <= 100 or not 1 <= a.agents <= 256 \
+            or not 0 <= a.hosts <= 64:
+        p.error("--recipes from 1 to 1000000, --reps from 1 to 100, --agents from 1 to 256, "
+                "--hosts from 0 to 64")
+    return main_driver(Dispatch, counts, a.reps, a.agents, a.hosts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
