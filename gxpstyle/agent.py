@@ -19,7 +19,7 @@ from gxpstyle import bootstrap, wire
 # where used: most agents are leaves, and every import here delays `ready`.
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
-    from typing import Any, Callable, Dict, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Tuple
     from gxpstyle import child_bootstrap
 from gxpstyle.event_loop import EventLoop
 from gxpstyle.job_runner import JobRunner
@@ -201,6 +201,10 @@ class Node:
         cs = self.started.pop(link.peer, None)
         if cs is not None:
             cs.reap(0.5)
+            if cs.channel == "local":
+                # A child on this host that died without cleaning up (SIGKILL)
+                # leaves its per-session directory here: ours to remove.
+                remove_node_dirs(self.session, link.peer)
 
     def child_lost(self, child: str, why: str) -> None:
         self.send(wire.HEAD, {"op": "lost", "ids": [child], "reason": why})
@@ -343,7 +347,11 @@ class Node:
             if not os.path.isdir(base):
                 base = "/tmp"
             import tempfile
-            self.session_dir = tempfile.mkdtemp(prefix="gxp-%s-" % self.session[:12], dir=base)
+            # Named by session and node, so that whoever outlives this node on
+            # this host (its parent, the head at quit) can remove it after a
+            # SIGKILL: see remove_node_dirs.
+            self.session_dir = tempfile.mkdtemp(prefix=node_dir_prefix(self.session, self.id),
+                                                dir=base)
         return self.session_dir
 
     def tls_files(self) -> "Tuple[str, str]":
@@ -590,6 +598,37 @@ def main(fds: Tuple[int, int]) -> None:
     else:
         node.loop.run()
     os._exit(node.exit_code)
+
+
+def node_dir_prefix(session: str, node_id: str) -> str:
+    """The start of a node's per-session directory name: `gxp-SESSION-0_1_3-`."""
+    return "gxp-%s-%s-" % (session[:12], node_id.replace(".", "_"))
+
+
+def remove_node_dirs(session: str, node_id: "Optional[str]" = None) -> "List[str]":
+    """Remove the per-session directories on this host of node `node_id` and
+    its subtree (of every node of the session when None), if they are ours."""
+    import glob
+    import shutil
+    import stat
+    start = "gxp-%s-" % session[:12]
+    if node_id is not None:
+        mine = node_dir_prefix(session, node_id)
+        under = mine[:-1] + "_"
+    removed = []
+    for base in {os.environ.get("TMPDIR") or "/tmp", "/tmp"}:
+        for d in glob.glob(os.path.join(glob.escape(base), glob.escape(start) + "*")):
+            name = os.path.basename(d)
+            if node_id is not None and not (name.startswith(mine) or name.startswith(under)):
+                continue
+            try:
+                st = os.lstat(d)
+            except OSError:
+                continue
+            if st.st_uid == os.getuid() and stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d)
+    return removed
 
 
 def usable_cpus() -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from gxpstyle import bootstrap, hostpattern, services, session, use_rules, wire
-from gxpstyle.agent import Node, usable_cpus
+from gxpstyle.agent import Node, remove_node_dirs, usable_cpus
 from gxpstyle.exec_service import ExecService
 from gxpstyle.explorer import ExploreService
 from gxpstyle.links import Link
@@ -386,6 +386,9 @@ class Head(Node):
                 and nid.count(".") == 1 and nid in self.children]
         super().finish_shutdown(send_bye)
         if self.quit_client is not None:
+            # Every agent of the session on this host is gone by now; one that
+            # was killed along the way left its directory behind.
+            remove_node_dirs(self.session)
             cid, req = self.quit_client
             link = self.clients.get(cid)
             if link is not None:

@@ -80,18 +80,8 @@ def remove_dead_session(path: str) -> "List[str]":
     host: its socket, its log, its directory, and the per-session directories
     of its agents here (TLS files, replicas), which died with it. Removes them
     and returns their paths. Only the caller's own entries are touched."""
-    import glob
-    import shutil
-    removed: "List[str]" = []
-    tag = "gxp-%s-" % session_name(path)[:12]
-    for base in {os.environ.get("TMPDIR") or "/tmp", "/tmp"}:
-        for d in glob.glob(os.path.join(base, glob.escape(tag) + "*")):
-            try:
-                if os.lstat(d).st_uid == os.getuid() and stat.S_ISDIR(os.lstat(d).st_mode):
-                    shutil.rmtree(d, ignore_errors=True)
-                    removed.append(d)
-            except OSError:
-                pass
+    from gxpstyle.agent import remove_node_dirs
+    removed = remove_node_dirs(session_name(path))
     for name in (SOCKET_NAME, LOG_NAME):
         try:
             os.unlink(os.path.join(path, name))
