@@ -116,7 +116,8 @@ def server_handshake(sock, lookup_key, certfile, keyfile, pin, timeout=HANDSHAKE
     try:
         tls = ctx.wrap_socket(sock, server_side=True)
     except (ssl.SSLError, OSError) as e:
-        raise AuthError("TLS handshake failed: %s" % e.__class__.__name__)
+        raise AuthError("TLS handshake failed: %s" % (getattr(e, "reason", None) or e.strerror
+                                                      or "the peer broke it off"))
     tls.settimeout(max(0.1, deadline - time.monotonic()))
     proof2 = _recv_exact(tls, 32, deadline)
     if not hmac.compare_digest(proof2, _mac(key, b"c2", nc, ns, pin.encode("ascii"))):

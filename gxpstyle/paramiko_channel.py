@@ -91,7 +91,9 @@ def start(node: Any, cs: Any) -> None:
         try:
             client = _connect(cs.target, cs.spec, cs.timeout)
         except Exception as e:   # paramiko raises many types; all mean "no login"
-            reason = "%s: %s" % (e.__class__.__name__, e) if str(e) else e.__class__.__name__
+            # In the user's words: paramiko's own text, or what the failure means.
+            reason = (getattr(e, "strerror", None) or str(e).strip().splitlines()[0]
+                      if str(e).strip() else "could not log in")
             node.loop.call_soon_threadsafe(lambda: cs._finish(False, "paramiko: " + reason))
             return
         state["client"] = client
