@@ -21,6 +21,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
     from typing import Any, Callable, Dict, List, Optional, Tuple
     from gxpstyle import child_bootstrap
+from gxpstyle.batch_start import BatchStarts
 from gxpstyle.event_loop import EventLoop
 from gxpstyle.job_runner import JobRunner
 from gxpstyle.links import Link, frame_with_prefix
@@ -56,9 +57,7 @@ class Node:
         self.jobs = JobRunner(self.loop, self.id, self._job_send, self.backlog)
         self.notify_jobs: set = set()   # (requester, job) whose end the head wants to hear
         self.session_dir: Optional[str] = None
-        self.listener: Any = None   # link_auth.Listener, imported on first use (ssl is slow to import)
-        self.batch_waiting: Dict[str, "child_bootstrap.ChildStart"] = {}
-        self.batch_tokens: Dict[str, bytes] = {}
+        self.batch = BatchStarts(self)
         self.extra_channels: Dict[str, Callable[["child_bootstrap.ChildStart"], None]] = {}
         self.quitting = False
         self.exit_code = 0
@@ -276,7 +275,7 @@ class Node:
             if channel in channels.PROCESS_CHANNELS:
                 cs.start_process(channels.process_argv(channel, msg["target"], spec))
             elif channel in channels.BATCH_CHANNELS:
-                self.start_batch(cs)
+                self.batch.start(cs)
             elif channel in self.extra_channels:
                 self.extra_channels[channel](cs)
             else:
@@ -340,7 +339,7 @@ class Node:
         if self.id == wire.HEAD:
             self.write_log(msg["text"])
 
-    # -- batch channels ------------------------------------------------------
+    # -- files on this host ----------------------------------------------------
     def ensure_session_dir(self) -> str:
         if self.session_dir is None:
             base = os.environ.get("TMPDIR") or "/tmp"
@@ -366,104 +365,6 @@ class Node:
                 with os.fdopen(fd, "w") as f:
                     f.write(text)
         return certfile, keyfile
-
-    def ensure_listener(self) -> Any:
-        from gxpstyle import link_auth
-        if self.listener is None:
-            certfile, keyfile = self.tls_files()
-
-            def on_link(label: str, rfd: int, wfd: int) -> None:
-                self.loop.call_soon_threadsafe(lambda: self.batch_connected(label, rfd, wfd))
-
-            refusals = link_auth.RefusalLog(
-                lambda line: self.loop.call_soon_threadsafe(lambda: self.log(line)))
-
-            def on_refused(addr: Any, why: str) -> None:
-                refusals.refused(str(addr[0]), why)
-
-            self.listener = link_auth.Listener(self.batch_tokens.get, on_link, on_refused,
-                                               certfile, keyfile, self.opts["pin"])
-        return self.listener
-
-    def start_batch(self, cs: "child_bootstrap.ChildStart") -> None:
-        import socket
-        from gxpstyle import channels, child_bootstrap, link_auth
-        listener = self.ensure_listener()
-        d = self.ensure_session_dir()
-        token = os.urandom(32)
-        tag = cs.child.replace(".", "-")
-        script = os.path.join(d, "job-%s.py" % tag)
-        err = "/dev/null"
-        host = cs.spec.get("connect_host") or socket.gethostname()
-        text = channels.job_script(cs.channel, cs.spec, cs.child, host, listener.port, token,
-                                   self.opts["pin"], module_source(link_auth), err)
-        fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        self.batch_tokens[cs.child] = token
-        self.batch_waiting[cs.child] = cs
-        argv = channels.submit_argv(cs.channel, cs.spec, cs.child, script, err)
-
-        def cleanup() -> None:
-            self.batch_tokens.pop(cs.child, None)
-            self.batch_waiting.pop(cs.child, None)
-            try:
-                os.unlink(script)
-            except OSError:
-                pass
-            if cs.batch_job and cs.link is None:
-                from gxpstyle import channels
-                self.run_async(channels.cancel_argv(cs.channel, cs.batch_job), lambda *a: None)
-
-        cs.kill_hook = cleanup
-
-        def submitted(rc: int, out: str, errtext: str) -> None:
-            if cs.finished:
-                if rc == 0:
-                    # Too late (timed out or quitting): cancel what we just submitted.
-                    try:
-                        job = channels.parse_job_id(cs.channel, out)
-                        self.run_async(channels.cancel_argv(cs.channel, job), lambda *a: None)
-                    except channels.ChannelError:
-                        pass
-                return
-            if rc != 0:
-                line = child_bootstrap.last_line(errtext.encode()) or "exit status %d" % rc
-                cs._finish(False, "%s failed: %s" % (argv[0], line))
-                return
-            try:
-                cs.batch_job = channels.parse_job_id(cs.channel, out)
-            except channels.ChannelError as e:
-                cs._finish(False, str(e))
-
-        self.run_async(argv, submitted)
-
-    def batch_connected(self, label: str, rfd: int, wfd: int) -> None:
-        cs = self.batch_waiting.pop(label, None)
-        self.batch_tokens.pop(label, None)
-        if cs is None or cs.finished:
-            os.close(rfd)
-            return
-        try:
-            os.unlink(os.path.join(self.ensure_session_dir(), "job-%s.py" % label.replace(".", "-")))
-        except OSError:
-            pass
-        cs.attach(rfd, wfd, None, need_marker=False)
-
-    def run_async(self, argv: list, done: Callable[[int, str, str], None]) -> None:
-        """Run a short command in a thread; `done(rc, stdout, stderr)` on the loop."""
-        import subprocess
-        import threading
-        def work() -> None:
-            try:
-                p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, timeout=60)
-                result = (p.returncode, p.stdout.decode("utf-8", "replace"),
-                          p.stderr.decode("utf-8", "replace"))
-            except (OSError, subprocess.TimeoutExpired) as e:
-                result = (127, "", "%s: %s" % (argv[0], getattr(e, "strerror", None) or e))
-            self.loop.call_soon_threadsafe(lambda: done(*result))
-        threading.Thread(target=work, daemon=True).start()
 
     # -- shutdown --------------------------------------------------------------
     def shutdown(self, send_bye: bool) -> None:
@@ -515,8 +416,7 @@ class Node:
         for cs in list(self.started.values()):
             cs.reap(1.0)
         self.jobs.close()
-        if self.listener is not None:
-            self.listener.close()
+        self.batch.close()
         if self.session_dir is not None:
             import shutil
             shutil.rmtree(self.session_dir, ignore_errors=True)

@@ -33,7 +33,7 @@ PROCESS_TAG = "gxp-agent"
 AGENT_MODULES: List[str] = [
     "gxpstyle.serializer", "gxpstyle.schema", "gxpstyle.wire", "gxpstyle.event_loop", "gxpstyle.links",
     "gxpstyle.job_runner", "gxpstyle.channels", "gxpstyle.link_auth",
-    "gxpstyle.bootstrap", "gxpstyle.child_bootstrap", "gxpstyle.agent",
+    "gxpstyle.bootstrap", "gxpstyle.child_bootstrap", "gxpstyle.batch_start", "gxpstyle.agent",
 ]
 
 # The one receiver of the agent program, shared by every first stage (a

@@ -10,6 +10,7 @@ reports, for a machine where several runs share /tmp.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -197,6 +198,32 @@ def cert_files(tmp_path_factory):
     (d / "cert.pem").write_text(cert)
     (d / "key.pem").write_text(key)
     return str(d / "cert.pem"), str(d / "key.pem"), pin
+
+
+@contextlib.contextmanager
+def module_bed(hosts, user_prefix: str, fuse: bool = False, **up_options):
+    """A test bed for one test module: `hosts` up with the checkout and the venv
+    hidden on them (nothing of ours preinstalled), one ordinary user, and with
+    `fuse` /dev/fuse open to users as on real systems (0600 on this machine).
+    Everything is undone at the end, also when a test failed."""
+    if os.getuid() != 0:
+        pytest.skip("the test bed needs root")
+    missing = testbed.requirements_missing()
+    if missing:
+        pytest.skip(missing)
+    import stat
+    old_mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode) if fuse else None
+    if fuse:
+        os.chmod("/dev/fuse", 0o666)
+    b = testbed.TestBed()
+    try:
+        b.up(hosts, hide_paths=[REPO, venv_dir()], **up_options)
+        b.add_user(user_prefix + uuid.uuid4().hex[:6])
+        yield b
+    finally:
+        b.teardown()
+        if old_mode is not None:
+            os.chmod("/dev/fuse", old_mode)
 
 
 @pytest.fixture(scope="session")

@@ -5,12 +5,10 @@ head's pid namespace, so their agents' RSS is read from /proc here."""
 from __future__ import annotations
 
 import os
-import uuid
 
 import pytest
 
-import testbed
-from conftest import REPO, venv_dir
+from conftest import module_bed
 from test_flow_backpressure import letter_command, read_slowly
 
 pytestmark = pytest.mark.testbed
@@ -20,18 +18,8 @@ HOSTS = ["tf%02d" % i for i in range(1, 10)]      # tf01 the gateway, tf02-tf09 
 
 @pytest.fixture(scope="module")
 def bed():
-    if os.getuid() != 0:
-        pytest.skip("the test bed needs root")
-    missing = testbed.requirements_missing()
-    if missing:
-        pytest.skip(missing)
-    b = testbed.TestBed()
-    try:
-        b.up(HOSTS, hide_paths=[REPO, venv_dir()])
-        b.add_user("gxpf" + uuid.uuid4().hex[:6])
+    with module_bed(HOSTS, "gxpf") as b:
         yield b
-    finally:
-        b.teardown()
 
 
 def test_1gb_from_8_hosts_through_an_ssh_gateway_read_slowly(bed, make_gxp):

@@ -11,8 +11,7 @@ import uuid
 
 import pytest
 
-import testbed
-from conftest import REPO, venv_dir
+from conftest import module_bed, venv_dir
 
 pytestmark = pytest.mark.testbed
 
@@ -21,23 +20,10 @@ HOSTS = ["tg%02d" % i for i in range(1, 17)]
 
 @pytest.fixture(scope="module")
 def bed():
-    if os.getuid() != 0:
-        pytest.skip("the test bed needs root")
-    missing = testbed.requirements_missing()
-    if missing:
-        pytest.skip(missing)
-    old_mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
-    os.chmod("/dev/fuse", 0o666)     # as on real systems (0600 on this machine)
-    b = testbed.TestBed()
-    try:
-        b.up(HOSTS, hide_paths=[REPO, venv_dir()])
-        b.add_user("gxpm" + uuid.uuid4().hex[:6])
+    with module_bed(HOSTS, "gxpm", fuse=True) as b:
         yield b
-    finally:
-        b.teardown()
-        os.chmod("/dev/fuse", old_mode)
-        leftover = [l for l in open("/proc/mounts") if "sshfsmux" in l or "gxpmnt" in l]
-        assert leftover == [], leftover
+    leftover = [l for l in open("/proc/mounts") if "sshfsmux" in l or "gxpmnt" in l]
+    assert leftover == [], leftover
 
 
 @pytest.fixture

@@ -9,15 +9,13 @@ import io
 import os
 import pwd
 import shutil
-import stat
 import tarfile
 import tempfile
 import uuid
 
 import pytest
 
-import testbed
-from conftest import REPO, Gxp, _finish, venv_dir
+from conftest import _finish, Gxp, module_bed
 from test_make_faithful import FLAGS, NO_SHELL, POSIX, SHELLS, STDIN, VARIABLES
 from test_make_names import MAKEFILE as NAMES_MAKEFILE, NAMES
 
@@ -28,21 +26,8 @@ HOSTS = ["tm%02d" % i for i in range(1, 9)]
 
 @pytest.fixture(scope="module")
 def bed():
-    if os.getuid() != 0:
-        pytest.skip("the test bed needs root")
-    missing = testbed.requirements_missing()
-    if missing:
-        pytest.skip(missing)
-    old_mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
-    os.chmod("/dev/fuse", 0o666)     # as on real systems
-    b = testbed.TestBed()
-    try:
-        b.up(HOSTS, hide_paths=[REPO, venv_dir()])
-        b.add_user("gxpmk" + uuid.uuid4().hex[:6])
+    with module_bed(HOSTS, "gxpmk", fuse=True) as b:
         yield b
-    finally:
-        b.teardown()
-        os.chmod("/dev/fuse", old_mode)
 
 
 @pytest.fixture(scope="module")

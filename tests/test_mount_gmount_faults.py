@@ -8,15 +8,13 @@ On a bed of its own (the killed host does not come back), as an ordinary user.
 """
 import os
 import shutil
-import stat
 import subprocess
 import time
 import uuid
 
 import pytest
 
-import testbed
-from conftest import REPO, venv_dir
+from conftest import module_bed
 
 pytestmark = pytest.mark.testbed
 
@@ -26,21 +24,8 @@ SLACK = 15          # generous: the kernel's FUSE round trips on a loaded machin
 
 @pytest.fixture(scope="module")
 def bed():
-    if os.getuid() != 0:
-        pytest.skip("the test bed needs root")
-    missing = testbed.requirements_missing()
-    if missing:
-        pytest.skip(missing)
-    old_mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
-    os.chmod("/dev/fuse", 0o666)
-    b = testbed.TestBed()
-    try:
-        b.up(HOSTS, hide_paths=[REPO, venv_dir()])
-        b.add_user("gxpk" + uuid.uuid4().hex[:6])
+    with module_bed(HOSTS, "gxpk", fuse=True) as b:
         yield b
-    finally:
-        b.teardown()
-        os.chmod("/dev/fuse", old_mode)
 
 
 @pytest.fixture

@@ -21,13 +21,14 @@ c = Client(sys.argv[1])
 assert c.connect(start=False)
 times, nodes = [], 0
 stop = time.monotonic() + float(sys.argv[2])
-while time.monotonic() < stop:
+done = False
+while time.monotonic() < stop and not done:
+    # Read the flag first: the stat after it sees the whole tree.
+    done = open(sys.argv[3]).read() == "done"
     t = time.monotonic()
     result = c.stat()
     times.append(time.monotonic() - t)
     nodes = len(result["nodes"])
-    if open(sys.argv[3]).read() == "done":
-        break
     time.sleep(0.05)
 times.sort()
 print(len(times), times[len(times) // 2], times[int(len(times) * 0.95)], times[-1], nodes)
