@@ -247,8 +247,10 @@ def cmd_quit(c: Optional[Client], a: argparse.Namespace) -> int:
         # Nothing answers. If a daemon died there (killed, out of memory), its
         # agents and jobs died with it: remove what it left, and say so.
         from gxpstyle import session
-        if os.path.exists(session.socket_path(a.session_dir)):
+        died = os.path.exists(session.socket_path(a.session_dir))
+        if os.path.isdir(a.session_dir):
             session.remove_dead_session(a.session_dir)
+        if died:
             _err("quit: the session daemon had died; removed what it left in %s" % a.session_dir)
         return EXIT_OK
     try:

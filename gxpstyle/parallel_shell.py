@@ -12,14 +12,19 @@ holds output (it must see all of it to fold identical ones).
 """
 from __future__ import annotations
 
+import _signal as signal   # the signal module's enums cost more than `gxpc e true` itself
 import os
 import select
-import signal
 import sys
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from gxpstyle import hostpattern, wire
+from gxpstyle import wire
 from gxpstyle.client import Client
+
+# Types only: `gxpc e` loads this module on every run, and typing alone costs
+# about as much CPU as the interpreter's own start.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 # Stdin bytes a node may have been sent and not yet passed to its command.
@@ -77,6 +82,7 @@ class _Output:
             for nid in sorted(self.names, key=_id_key):
                 groups.setdefault(bytes(self.folded[nid]), []).append(self.names[nid])
             for out, members in groups.items():
+                from gxpstyle import hostpattern   # only -b folds names
                 header = hostpattern.fold(members)
                 self.write(1, ("-" * 15 + "\n" + header + " (%d)\n" % len(members)
                                + "-" * 15 + "\n").encode())

@@ -79,3 +79,6 @@ def test_the_core_cli_imports_no_plugin_and_e_stays_lean(tmp_path):
     heavy = {"yaml", "argparse", "typing", "dataclasses", "socket", "subprocess", "importlib.metadata",
              "gxpstyle.cluster_config", "gxpstyle.use_rules", "gxpstyle.hostpattern", "hashlib"}
     assert not heavy & mods, heavy & mods
+    # ... and what it loads once connected: the parallel shell's client side.
+    _, mods = _modules_loaded(["-c", "import gxpstyle.cli, gxpstyle.parallel_shell"], tmp_path)
+    assert not (heavy | {"enum", "signal"}) & mods, (heavy | {"enum", "signal"}) & mods
