@@ -22,9 +22,9 @@ import time
 import paramiko
 from paramiko.message import Message
 from paramiko.sftp import (CMD_CLOSE, CMD_EXTENDED, CMD_LSTAT, CMD_MKDIR, CMD_NAME, CMD_OPEN,
-                           CMD_OPENDIR, CMD_READ, CMD_READDIR, CMD_READLINK, CMD_REALPATH,
+                           CMD_OPENDIR, CMD_READDIR, CMD_READLINK, CMD_REALPATH,
                            CMD_REMOVE, CMD_RENAME, CMD_RMDIR, CMD_SETSTAT, CMD_STAT,
-                           CMD_SYMLINK, int64)
+                           CMD_SYMLINK)
 from paramiko.sftp_attr import SFTPAttributes
 
 from .branch import Branch, ReadHandle, WriteHandle
@@ -33,7 +33,8 @@ from .sftp_session import (DEFAULT_TIMEOUT, FX_EOF, FX_FAILURE, RETRY_SECONDS,
                            SSH_FXF_CREAT, SSH_FXF_EXCL, SSH_FXF_READ, SSH_FXF_TRUNC,
                            SSH_FXF_WRITE, ConnectionLost, SftpSession, StatusError, _dec,
                            _enc, _err, _handle_of)
-from .sftp_streaming import (DirectReadHandle, SftpWriteHandle, StreamReadHandle, _Stream)
+from .sftp_streaming import (DirectReadHandle, SftpWriteHandle, StreamReadHandle, _Stream,
+                             read_range)
 from .ssh_connect import ConnectError, SshParams, connect_transport, parse_spec
 
 __all__ = ["ConnectError", "SftpBranch"]
@@ -585,22 +586,13 @@ class SftpBranch(Branch):
         except OSError:
             return None
         h = _handle_of(data)
-        out = []
-        got = 0
         try:
-            while got < limit:
-                try:
-                    t, data = sess.request(CMD_READ, h, int64(got), 65536)
-                except StatusError:
-                    break
-                chunk = Message(data).get_string()
-                if not chunk:
-                    break
-                out.append(chunk)
-                got += len(chunk)
+            # Whole or nothing: a read that fails halfway is no file's content.
+            return read_range(sess, h, limit, 0)
+        except OSError:
+            return None
         finally:
             try:
                 sess.request(CMD_CLOSE, h)
             except OSError:
                 pass
-        return b"".join(out)
