@@ -15,6 +15,7 @@ import uuid
 import pytest
 
 from conftest import module_bed
+from test_mount_timeouts import assert_eio
 
 pytestmark = pytest.mark.testbed
 
@@ -46,11 +47,6 @@ def timed(bed, user, argv, limit):
     except subprocess.TimeoutExpired:
         pytest.fail("%s did not finish within %ss (a hang)" % (" ".join(argv), limit))
     return r, time.monotonic() - t0
-
-
-def assert_eio(r):
-    assert r.returncode != 0 and r.stderr.rstrip().endswith("Input/output error"), (
-        r.returncode, r.stderr)
 
 
 def test_a_gone_node_gives_eio_within_the_bound_and_umount_works(bed, g):
