@@ -64,6 +64,7 @@ class Node:
         # A role (set from the hello) adds service calls and a cleanup at shutdown.
         self.role_handlers: Dict[str, Callable[..., None]] = {}
         self.role_cleanup: Optional[Callable[[], None]] = None
+        self.bcasts: Any = None     # bcast_agent.Bcasts, made at the first broadcast
 
     # -- sending and routing ---------------------------------------------
     def backlog(self) -> int:
@@ -335,6 +336,15 @@ class Node:
             for child, link in list(self.children.items()):
                 link.send(child, wire.HEAD, msg)
 
+    def op_bc(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        """A broadcast's chunks and plans (bcast_agent.py; imported at the first one)."""
+        if self.bcasts is None:
+            from gxpstyle import bcast_agent
+            self.bcasts = bcast_agent.Bcasts(self)
+        self.bcasts.handle(src, msg)
+
+    op_bc_open = op_bc_plan = op_bc_feed = op_bc_drop = op_bc_chunk = op_bc_ack = op_bc_stop = op_bc
+
     def op_log(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         if self.id == wire.HEAD:
             self.write_log(msg["text"])
@@ -417,6 +427,8 @@ class Node:
             cs.reap(1.0)
         self.jobs.close()
         self.batch.close()
+        if self.bcasts is not None:
+            self.bcasts.close_all()     # no temporary file outlives its agent
         if self.session_dir is not None:
             import shutil
             shutil.rmtree(self.session_dir, ignore_errors=True)

@@ -33,7 +33,8 @@ PROCESS_TAG = "gxp-agent"
 AGENT_MODULES: List[str] = [
     "gxpstyle.serializer", "gxpstyle.schema", "gxpstyle.wire", "gxpstyle.event_loop", "gxpstyle.links",
     "gxpstyle.job_runner", "gxpstyle.channels", "gxpstyle.link_auth",
-    "gxpstyle.bootstrap", "gxpstyle.child_bootstrap", "gxpstyle.batch_start", "gxpstyle.agent",
+    "gxpstyle.bootstrap", "gxpstyle.child_bootstrap", "gxpstyle.batch_start", "gxpstyle.bcast_agent",
+    "gxpstyle.agent",
 ]
 
 # The one receiver of the agent program, shared by every first stage (a
@@ -260,13 +261,28 @@ class PayloadCache:
                 sources.update(self.extra)
             if key[0] is not None:
                 import marshal
-                codes = marshal.dumps({
-                    name: compile(src, "<gxp>/" + name.replace(".", "/") + ".py", "exec")
-                    for name, src in sources.items()})
+                codes = marshal.dumps({name: compile_shipped(name, src)
+                                       for name, src in sources.items()})
                 if service:
                     sources = {}
             self.built[key] = build_payload(sources, codes)
         return self.built[key]
+
+
+def compile_shipped(name: str, src: str) -> "Any":
+    """Code for the payload, without docstrings (a tenth of the payload: the
+    sources beside it keep them); asserts and line numbers stay."""
+    import ast
+    tree = ast.parse(src)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            doc = body.pop(0)
+            if not body:
+                body.append(ast.copy_location(ast.Pass(), doc))
+    return compile(tree, "<gxp>/" + name.replace(".", "/") + ".py", "exec")
 
 
 def payload_wire(payload: Tuple[bytes, bytes]) -> bytes:

@@ -242,6 +242,56 @@ def cmd_simple(name: str) -> Any:
     return run
 
 
+# -- bcast -----------------------------------------------------------------------------
+def check_bcast(a: argparse.Namespace) -> None:
+    """SRC is a file here (made absolute) or NODE:PATH; DEST is absolute."""
+    node, sep, path = a.src.partition(":")
+    if sep and node and "/" not in node:
+        if not path:
+            raise UsageError("bcast: give a path after %s:" % node)
+        a.src_nodes, a.src_path = node, path
+    else:
+        a.src_nodes, a.src_path = None, os.path.abspath(a.src)
+        if not os.path.isfile(a.src_path):
+            why = "not a regular file" if os.path.exists(a.src_path) else "no such file"
+            raise UsageError("bcast: %s: %s on this host (NODE:PATH names a file on a node)"
+                             % (a.src, why))
+    if not os.path.isabs(a.dest):
+        raise UsageError("bcast: give DEST as an absolute path (got %r): it is the same path "
+                         "on every node" % a.dest)
+
+
+def cmd_bcast(c: Client, a: argparse.Namespace) -> int:
+    progress = sys.stderr.isatty()
+
+    def on_print(stream: int, data: bytes) -> None:
+        if progress:
+            _write(stream, data)
+
+    args = {"src": a.src_path, "src_nodes": a.src_nodes, "dest": a.dest, "mask": a.mask,
+            "hosts": a.hosts, "progress": progress}
+    status, result = c.call("bcast", args, on_print=on_print)
+    if progress:
+        sys.stderr.write("\r\033[K")
+    if status == 2 or "nodes" not in result:
+        _err(result.get("error", "bcast failed"))
+        return EXIT_USAGE if status == 2 else EXIT_FAILED
+    names = result["nodes"]
+    if a.verbose:
+        plan = result.get("plan", {})
+        for nid in sorted(plan, key=lambda n: [int(x) for x in n.split(".")]):
+            sys.stderr.write("bcast: %s (%s) <- %s\n" % (names.get(nid, nid), nid, plan[nid] or "-"))
+        secs = max(result.get("seconds", 0.0), 1e-6)
+        sys.stderr.write("bcast: %d bytes to %d nodes in %.2f s (%.1f MB/s per node)\n"
+                         % (result["bytes"], len(names), secs, result["bytes"] / secs / 1e6))
+    if result.get("error"):
+        _err("bcast: %s" % result["error"])
+        return EXIT_FAILED
+    for nid, why in sorted(result.get("failed", {}).items()):
+        sys.stderr.write("%s: %s\n" % (names.get(nid, nid), why))
+    return EXIT_FAILED if result.get("failed") else EXIT_OK
+
+
 def cmd_quit(c: Optional[Client], a: argparse.Namespace) -> int:
     if c is None:
         # Nothing answers. If a daemon died there (killed, out of memory), its
@@ -331,6 +381,18 @@ CORE: Dict[str, Verb] = {v.name: v for v in (
          check=check_cd),
     Verb("export", "environment for later commands on every node", cmd_simple("export"),
          args=[Arg("assignments", "+", metavar="VAR=VALUE")], check=check_export),
+    Verb("bcast", "copy a file to the same path on the selected nodes, along the tree", cmd_bcast,
+         check=check_bcast,
+         description="gxpc bcast SRC DEST: copy SRC (a file here, or NODE:PATH on a node; a "
+         "pattern for NODE names identical copies, used if one fails) to DEST on every selected "
+         "node. Chunks are forwarded along the explored tree as they arrive and checked against "
+         "the source's SHA-256; DEST appears only complete and verified (written under a hidden "
+         "temporary name, then renamed). DEST ending in / or naming a directory gets SRC's name. "
+         "Exit 1 names each node that failed, with its reason.",
+         args=[Arg("src", metavar="SRC"), Arg("dest", metavar="DEST")],
+         options=[Opt(("--mask", "-m"), metavar="NAME", help="copy to a saved mask"),
+                  Opt(("--hosts",), metavar="PATTERN", help="only nodes whose name matches"),
+                  Opt(("--verbose", "-v"), "flag", "print the plan and the time taken")]),
     Verb("quit", "stop every agent and remove what was shipped", cmd_quit, session=OPTIONAL),
 )}
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from gxpstyle import bootstrap, hostpattern, services, session, use_rules, wire
 from gxpstyle.agent import Node, remove_node_dirs, usable_cpus
+from gxpstyle.bcast_service import BcastService
 from gxpstyle.exec_service import ExecService
 from gxpstyle.explorer import ExploreService
 from gxpstyle.links import Link
@@ -90,7 +91,9 @@ class Head(Node):
         self.job_table = JobTable(self)
         self.explorer = ExploreService(self)
         self.shell = ExecService(self)
-        self.services: List[Service] = [self.explorer, self.shell] + services.load_plugins(self)
+        self.bcast = BcastService(self)
+        self.services: List[Service] = [self.explorer, self.shell, self.bcast] + \
+            services.load_plugins(self)
         self.verbs: Dict[str, Tuple[Service, Verb]] = {
             "ping": (self.shell, Verb(self.req_ping)),
             "stat": (self.shell, Verb(self.req_stat)),
@@ -264,6 +267,12 @@ class Head(Node):
             hook[1](msg, src)
             return
         self.explorer.spawned(src, msg)
+
+    def op_bc_opened(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        self.bcast.on_opened(src, msg)
+
+    def op_bc_state(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        self.bcast.on_state(src, msg)
 
     def op_done(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         self.job_table.done(src, msg["client"], msg["job"], msg["status"], msg["error"])

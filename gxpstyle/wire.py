@@ -164,6 +164,25 @@ SCHEMA: Dict[str, Rec] = {
     "xfer_data": Rec({"xfer": _JOB, "data": Bytes(MAX_FRAME)}, open=True),
     "xfer_close": Rec({"xfer": _JOB, "sha256": Str(64)}, open=True),
     "xfer_done": Rec({"xfer": _JOB, "ok": Bool(), "error": _TEXT}, open=True),
+    # broadcast (bcast_service.py plans, bcast_agent.py moves bytes): the head
+    # opens the sources, plans every receiver, and names each node's feeder;
+    # chunks go feeder -> child with the source's SHA-256 of each, acked one by one
+    "bc_open": Rec({"bc": _JOB, "path": Str(4096, empty=False), "chunk": Int(1 << 12, 1 << 21)},
+                   open=True),
+    "bc_opened": Rec({"bc": _JOB, "ok": Bool(), "error": _TEXT, "size": Int(0, 1 << 62),
+                      "mode": Int(0, 0o7777), "sha256": Str(64)}, open=True),
+    "bc_plan": Rec({"bc": _JOB, "size": Int(0, 1 << 62), "mode": Int(0, 0o7777),
+                    "sha256": Str(64), "chunk": Int(1 << 12, 1 << 21), "dest": Str(4096),
+                    "name": Str(4096)}, open=True),
+    "bc_feed": Rec({"bc": _JOB, "child": _ID, "start": Int(0, 1 << 40)},
+                   {"corrupt": Int(-1, 1 << 40)}, open=True),
+    "bc_drop": Rec({"bc": _JOB, "child": _ID}, open=True),
+    "bc_chunk": Rec({"bc": _JOB, "index": Int(0, 1 << 40), "data": Bytes(MAX_FRAME),
+                     "sha256": Bytes(32)}, open=True),
+    "bc_ack": Rec({"bc": _JOB, "index": Int(0, 1 << 40)}, open=True),
+    "bc_state": Rec({"bc": _JOB, "have": Int(0, 1 << 40), "done": Bool(), "error": _TEXT,
+                     "bad": Str(MAX_ADDR)}, open=True),
+    "bc_stop": Rec({"bc": _JOB}, open=True),
     # calls to a node's role (a service such as GMount's per-node mount)
     "svc": Rec({"req": _REQ, "call": Str(64), "args": _MAP}, open=True),
     "svc_reply": Rec({"req": _REQ, "ok": Bool(), "error": _TEXT, "result": _MAP}, open=True),

@@ -87,6 +87,10 @@ VERB_FIELDS = {
     "mount": {"export": path_like, "mountpoint": path_like, "ro": junk, "cipher": junk,
               "options": junk},
     "umount": {"mountpoint": path_like},
+    "bcast": {"src": path_like, "dest": path_like, "src_nodes": st.one_of(junk, st.sampled_from(
+                  ["local*", "nosuch", "[a-", "0"])), "mask": st.one_of(junk, st.just("m1")),
+              "hosts": st.one_of(junk, st.sampled_from(["local*", "nosuch", "[a-"])),
+              "progress": junk},
     "nosuchverb": {},
 }
 
@@ -95,6 +99,7 @@ def daemon_verbs():
     """Every request verb the daemon serves: its own and every service's,
     plugins included (found the way the daemon finds them)."""
     from gxpstyle import services
+    from gxpstyle.bcast_service import BcastService
     from gxpstyle.exec_service import ExecService
     from gxpstyle.explorer import ExploreService
 
@@ -103,7 +108,8 @@ def daemon_verbs():
             raise AssertionError("a service plugin did not load: %s" % text)
 
     found = {"ping", "stat", "quit"}
-    for svc in [ExploreService(None), ExecService(None)] + services.load_plugins(Logless()):
+    for svc in [ExploreService(None), ExecService(None), BcastService(None)] + \
+            services.load_plugins(Logless()):
         found.update(svc.verbs())
     return found
 
@@ -186,6 +192,10 @@ def only_true(msg):
         msg["cmd"] = "true"
     if msg["op"] == "spawn" and isinstance(msg.get("channel"), dict):
         msg["channel"] = {"name": "nosuch-channel"}
+    # Nor a broadcast's file: it would be written where the fuzz says, this big.
+    if msg["op"] == "bc_plan":
+        msg["dest"] = ""
+        msg["size"] = 1 << 16
 
 
 def counter():

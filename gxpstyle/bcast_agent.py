@@ -1,0 +1,328 @@
+"""Broadcast on a node: a source's file read and hashed, a receiver's chunks
+checked, written and renamed, and both fed on to the children the head names.
+
+The head (bcast_service.py) decides who feeds whom; a node keeps a store and
+feeds from it. A source's store is its file; a receiver's is a temporary file
+beside DEST (a relay's: in the session directory) that becomes DEST, by one
+rename, once every chunk is in and the whole file's SHA-256 is the source's.
+Each child is fed from the store at its own pace with at most WINDOW chunks
+unacknowledged: a slow child holds up only itself, and no process holds more
+than WINDOW chunks per child. Chunks come in order, each with the source's
+SHA-256 of it, checked before it is written; a bad one is reported to the head,
+which has it fetched again from another holder.
+
+Shipped to agents: standard library only, Python 3.8 syntax.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+import time
+
+from gxpstyle import wire
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional
+
+WINDOW = 8
+REPORT_EVERY = 0.25
+
+
+def os_reason(e: OSError, where: str = "") -> str:
+    """`/scratch: No space left on device (ENOSPC)`."""
+    code = errno.errorcode.get(e.errno or 0)
+    text = e.strerror or str(e)
+    where = where or e.filename or ""
+    return ("%s: " % where if where else "") + text + (" (%s)" % code if code else "")
+
+
+def pread_full(fd: int, n: int, off: int) -> bytes:
+    parts = []
+    while n > 0:
+        data = os.pread(fd, n, off)
+        if not data:
+            break
+        parts.append(data)
+        n -= len(data)
+        off += len(data)
+    return b"".join(parts)
+
+
+class Transfer:
+    """One broadcast on this node: a source, a receiver, or both."""
+
+    def __init__(self, node: Any, bc: int) -> None:
+        self.node = node
+        self.bc = bc
+        self.chunk = 1
+        self.size = 0
+        self.n = 0
+        self.src_fd: Optional[int] = None
+        self.src_path = ""
+        self.src_hashes: List[bytes] = []
+        self.fd: Optional[int] = None
+        self.tmp = ""
+        self.dest = ""
+        self.where = ""
+        self.have = 0
+        self.hashes: List[bytes] = []
+        self.hasher = hashlib.sha256()
+        self.sha = ""
+        self.mode = 0o644
+        self.done = False
+        self.error = ""
+        self.closed = False
+        self.feeds: Dict[str, List[int]] = {}   # child -> [next, unacked, chunk to corrupt]
+        self.reported = 0.0
+        self.bad_from: Any = set()
+        self.self_pending = False
+
+    def chunk_len(self, i: int) -> int:
+        return min(self.chunk, self.size - i * self.chunk)
+
+    # -- a source ----------------------------------------------------------------
+    def bc_open(self, msg: Dict[str, Any]) -> None:
+        """Open and hash the source in a thread (a big file must not stop the loop)."""
+        import threading
+        path, chunk = msg["path"], msg["chunk"]
+
+        def work() -> None:
+            fd = None
+            res: Any = None
+            try:
+                fd = os.open(path, os.O_RDONLY)
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(errno.EINVAL, "not a regular file", path)
+                whole, hashes, size = hashlib.sha256(), [], 0
+                while True:
+                    data = pread_full(fd, chunk, size)
+                    if not data:
+                        break
+                    whole.update(data)
+                    hashes.append(hashlib.sha256(data).digest())
+                    size += len(data)
+                mode = os.fstat(fd).st_mode & 0o7777
+                res = (fd, size, mode, whole.hexdigest(), hashes, "")
+            except OSError as e:
+                if fd is not None:
+                    os.close(fd)
+                res = (None, 0, 0, "", [], os_reason(e, path))
+            self.node.loop.call_soon_threadsafe(lambda: self.opened(path, chunk, *res))
+        threading.Thread(target=work, daemon=True).start()
+
+    def opened(self, path: str, chunk: int, fd: Optional[int], size: int, mode: int, sha: str,
+               hashes: List[bytes], error: str) -> None:
+        if self.closed:
+            if fd is not None:
+                os.close(fd)
+            return
+        if fd is not None:
+            self.src_fd, self.src_path, self.src_hashes = fd, path, hashes
+            self.chunk, self.size, self.n = chunk, size, len(hashes)
+        self.node.send(wire.HEAD, {"op": "bc_opened", "bc": self.bc, "ok": fd is not None,
+                                   "error": error, "size": size, "mode": mode, "sha256": sha})
+
+    # -- a receiver --------------------------------------------------------------
+    def bc_plan(self, msg: Dict[str, Any]) -> None:
+        self.size, self.mode, self.sha, self.chunk = msg["size"], msg["mode"], msg["sha256"], msg["chunk"]
+        self.n = -(-self.size // self.chunk)
+        dest = msg["dest"]
+        try:
+            if dest and (dest.endswith("/") or os.path.isdir(dest)):
+                dest = os.path.join(dest, msg["name"])
+            if dest and self.src_fd is not None and os.path.exists(dest) \
+                    and os.path.samefile(dest, self.src_path):
+                self.have, self.done = self.n, True      # the source itself
+                self.report(force=True)
+                return
+            if dest:
+                d, base = os.path.split(dest)
+                self.where = d or "/"
+                self.tmp = os.path.join(d, ".%s.gxp-bcast-%d-%d" % (base, os.getpid(), self.bc))
+            else:          # a relay: a store for its children only
+                self.where = self.node.ensure_session_dir()
+                self.tmp = os.path.join(self.where, "bcast-%d" % self.bc)
+            self.fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            if self.size:
+                # Claims the space now: a full disk fails here, by name, at once.
+                try:
+                    os.posix_fallocate(self.fd, 0, self.size)
+                except OSError as e:
+                    if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                        raise
+        except OSError as e:
+            self.fail(os_reason(e, self.where if e.filename in (None, self.tmp) else ""))
+            return
+        self.dest = dest
+        if self.n == 0:
+            self.finish()
+
+    def bc_chunk(self, src: str, msg: Dict[str, Any]) -> None:
+        i = msg["index"]
+        self.node.send(src, {"op": "bc_ack", "bc": self.bc, "index": i})
+        if self.fd is None or self.done or i != self.have:
+            return
+        data = msg["data"]
+        if len(data) != self.chunk_len(i) or hashlib.sha256(data).digest() != msg["sha256"]:
+            if src not in self.bad_from:
+                self.bad_from.add(src)
+                self.report(bad=src)
+            return
+        try:
+            off, view = i * self.chunk, memoryview(data)
+            while view:
+                k = os.pwrite(self.fd, view, off)
+                view, off = view[k:], off + k
+        except OSError as e:
+            self.fail(os_reason(e, self.where))
+            return
+        self.have += 1
+        self.hasher.update(data)
+        self.hashes.append(msg["sha256"])
+        if self.have == self.n:
+            self.finish()
+        else:
+            self.report()
+        for child in list(self.feeds):
+            self.pump(child)
+
+    def finish(self) -> None:
+        if self.hasher.hexdigest() != self.sha:
+            self.fail("the copy's SHA-256 differs from the source's")
+            return
+        if self.dest:
+            try:
+                os.fchmod(self.fd, self.mode)   # type: ignore[arg-type]
+                os.rename(self.tmp, self.dest)
+            except OSError as e:
+                self.fail(os_reason(e))
+                return
+            self.tmp = ""
+        self.done = True
+        self.report(force=True)
+
+    def fail(self, reason: str) -> None:
+        """This node's copy failed; a source still feeds from its own file."""
+        self.error = reason
+        if self.src_fd is None:
+            self.feeds.clear()
+        self.close_files(keep_source=True)
+        self.report(force=True)
+
+    def report(self, bad: str = "", force: bool = False) -> None:
+        now = time.monotonic()
+        if not (force or bad) and now - self.reported < REPORT_EVERY:
+            return
+        self.reported = now
+        self.node.send(wire.HEAD, {"op": "bc_state", "bc": self.bc, "have": self.have,
+                                   "done": self.done, "error": self.error, "bad": bad})
+
+    # -- feeding children ----------------------------------------------------------
+    def bc_feed(self, msg: Dict[str, Any]) -> None:
+        self.feeds[msg["child"]] = [msg["start"], 0, msg.get("corrupt", -1)]
+        self.pump(msg["child"])
+
+    def bc_drop(self, msg: Dict[str, Any]) -> None:
+        self.feeds.pop(msg["child"], None)
+
+    def bc_ack(self, src: str, msg: Dict[str, Any]) -> None:
+        f = self.feeds.get(src)
+        if f is not None:
+            f[1] = max(0, f[1] - 1)
+            self.pump(src)
+
+    def pump(self, child: str, now: bool = False) -> None:
+        f = self.feeds.get(child)
+        if f is None or self.closed:
+            return
+        if child == self.node.id and not now:
+            # A source that is a target feeds itself; messages to ourselves are
+            # delivered at once, so a window sent from here would recurse.
+            if not self.self_pending:
+                self.self_pending = True
+                self.node.loop.call_later(0, self.pump_self)
+            return
+        if self.src_fd is not None:
+            fd, hashes, limit = self.src_fd, self.src_hashes, self.n
+        elif self.fd is not None:
+            fd, hashes, limit = self.fd, self.hashes, self.have
+        else:
+            return
+        while f[1] < WINDOW and f[0] < limit:
+            i = f[0]
+            try:
+                data = pread_full(fd, self.chunk_len(i), i * self.chunk)
+            except OSError as e:
+                self.node.log("bcast %d: feeding %s stopped: %s" % (self.bc, child, os_reason(e)))
+                self.feeds.pop(child, None)
+                return
+            if f[2] == i and data:      # the head's test-only fault: one flipped byte
+                f[2] = -1
+                data = bytes((data[0] ^ 0xFF,)) + data[1:]
+            f[0] += 1
+            f[1] += 1
+            self.node.send(child, {"op": "bc_chunk", "bc": self.bc, "index": i, "data": data,
+                                   "sha256": hashes[i]})
+
+    def pump_self(self) -> None:
+        self.self_pending = False
+        self.pump(self.node.id, now=True)
+
+    # -- the end -------------------------------------------------------------------
+    def close_files(self, keep_source: bool = False) -> None:
+        for fd in (self.fd, None if keep_source else self.src_fd):
+            if fd is not None:
+                os.close(fd)
+        self.fd = None
+        if not keep_source:
+            self.src_fd = None
+        if self.tmp:
+            try:
+                os.unlink(self.tmp)
+            except OSError:
+                pass
+            self.tmp = ""
+
+    def close(self) -> None:
+        self.closed = True
+        self.feeds.clear()
+        self.close_files()
+
+
+class Bcasts:
+    """This node's broadcasts, by the head's id."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+        self.transfers: Dict[int, Transfer] = {}
+
+    def handle(self, src: str, msg: Dict[str, Any]) -> None:
+        op, bc = msg["op"], msg["bc"]
+        t = self.transfers.get(bc)
+        if op in ("bc_chunk", "bc_ack"):
+            if t is not None and not src.startswith(wire.CLIENT_PREFIX):
+                try:
+                    getattr(t, op)(src, msg)
+                except Exception as e:
+                    t.fail("internal error in %s: %s" % (op, e))
+            return
+        if src != wire.HEAD:            # only the head plans
+            return
+        if op == "bc_stop":
+            if t is not None:
+                del self.transfers[bc]
+                t.close()
+            return
+        if t is None:
+            t = self.transfers[bc] = Transfer(self.node, bc)
+        try:
+            getattr(t, op)(msg)
+        except Exception as e:      # a bug fails this node's share, by name, not the agent
+            t.fail("internal error in %s: %s" % (op, e))
+
+    def close_all(self) -> None:
+        for t in self.transfers.values():
+            t.close()
+        self.transfers.clear()

@@ -1,0 +1,357 @@
+"""Broadcast on the head: `gxpc bcast SRC DEST`, and the transfer engine under it.
+
+The head decides, the nodes move bytes (gxpstyle/bcast_agent.py). A transfer
+copies one file from its sources (one node's file, or identical copies on
+several) to DEST on a set of targets:
+
+1. Every source opens and hashes its file (`bc_open`); the first that answers
+   well in the order given is the primary, and the others whose SHA-256 is the
+   same are replicas, kept for failures.
+2. The plan follows the explored tree: each target is fed by its neighbour on
+   the tree path to the primary, so every agent link carries the file once, and
+   nodes on those paths that are not targets (the head, a gateway) relay from a
+   store in their session directory. A source that is a target copies from
+   itself. Each receiver is told the size, mode and SHA-256 (`bc_plan`), each
+   feeder whom to feed (`bc_feed`); chunks flow at once, so a node forwards
+   while it still receives and one file reaches every node in about one
+   link-time.
+3. Nodes report progress (`bc_state`). A receiver whose feeder is lost, failed,
+   or sent a chunk that did not match its hash is fed again from another holder
+   from where it stands: a replica source first, else the most advanced node
+   not fed through it. A node that fails (a full disk) or is lost is named with
+   its reason; the others go on.
+4. When every target is done or failed, every node is told to stop (relays
+   remove their stores) and whoever asked gets the outcome.
+
+Data rides the agent links (framed messages routed through the tree): they are
+authenticated, encrypted, and already cross gateways; benchmarks/transfers.py
+measures what that costs. `start()` is the engine's entry point for other
+services (a push of make's inputs is a transfer with one or more targets, a
+pull is one with a single target and the holders, in random order, as sources).
+
+Head-only.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+from gxpstyle import hostpattern, wire
+from gxpstyle.schema import Bool, Opt, Rec, Str
+from gxpstyle.services import Service, Verb
+
+CHUNK = wire.CHUNK
+PROGRESS_EVERY = 0.5
+
+BCAST_ARGS = Rec({"src": Str(4096, empty=False), "dest": Str(4096, empty=False)},
+                 {"src_nodes": Opt(Str(1 << 16, empty=False)), "mask": Opt(Str(256, empty=False)),
+                  "hosts": Opt(Str(1 << 16)), "progress": Bool()})
+
+# Test-only fault, read from the daemon's own environment at start (never from a
+# request): "NAME:INDEX" flips one byte of chunk INDEX the first time it is sent
+# to the node named NAME, so that a test can see a bad chunk fetched again.
+FAULT_ENV = "GXP_TEST_BCAST_CORRUPT"
+
+
+@dataclass
+class Member:
+    """A node of one transfer: a source, a receiver (target or relay), or both."""
+    id: str
+    target: bool = False
+    relay: bool = False
+    source: bool = False       # holds the whole file (a usable source)
+    have: int = 0              # chunks it holds in order
+    feeder: Optional[str] = None
+    done: bool = False
+    error: str = ""
+
+
+@dataclass
+class Transfer:
+    id: int
+    path: str
+    dest: str
+    sources: List[str]
+    targets: List[str]
+    on_done: Callable[["Transfer"], None]
+    on_progress: Optional[Callable[["Transfer"], None]] = None
+    client: str = ""           # the client that asked, if any (its leaving stops the transfer)
+    members: Dict[str, Member] = field(default_factory=dict)
+    opened: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    size: int = 0
+    mode: int = 0o644
+    sha: str = ""
+    n: int = 0
+    error: str = ""            # the whole transfer failed (no source)
+    started: float = field(default_factory=time.monotonic)
+    ended: float = 0.0
+    finished: bool = False
+
+    def failed(self) -> Dict[str, str]:
+        return {m.id: m.error for m in self.members.values() if m.target and m.error}
+
+    def bytes_done(self) -> int:
+        """Bytes the targets hold, summed."""
+        return sum(min(m.have * CHUNK, self.size) for m in self.members.values() if m.target)
+
+
+class BcastService(Service):
+    name = "bcast"
+
+    def __init__(self, head: Any) -> None:
+        super().__init__(head)
+        self.transfers: Dict[int, Transfer] = {}
+        self.seq = 0
+        self.fault: Optional[tuple] = None
+        spec = os.environ.get(FAULT_ENV, "")
+        if ":" in spec:
+            name, _, idx = spec.rpartition(":")
+            if idx.isdigit():
+                self.fault = (name, int(idx))
+
+    def verbs(self) -> Dict[str, Verb]:
+        return {"bcast": Verb(self.req_bcast, BCAST_ARGS)}
+
+    def stat(self) -> Dict[str, Any]:
+        return {"bcasts": len(self.transfers)}
+
+    # -- the engine ----------------------------------------------------------------
+    def start(self, sources: List[str], path: str, targets: List[str], dest: str,
+              on_done: Callable[[Transfer], None],
+              on_progress: Optional[Callable[[Transfer], None]] = None) -> Transfer:
+        """Copy `path` (identical on every one of `sources`, tried in that order)
+        to `dest` on every one of `targets`; on_done(transfer) once each target
+        is done or failed (transfer.failed() names those, with their reasons)."""
+        self.seq += 1
+        t = Transfer(self.seq, path, dest, list(sources), list(targets), on_done, on_progress)
+        self.transfers[t.id] = t
+        for s in t.sources:
+            self.head.send(s, {"op": "bc_open", "bc": t.id, "path": path, "chunk": CHUNK})
+        return t
+
+    def on_opened(self, src: str, msg: Dict[str, Any]) -> None:
+        t = self.transfers.get(msg["bc"])
+        if t is None or t.members or src not in t.sources or src in t.opened:
+            return
+        t.opened[src] = msg
+        self._maybe_plan(t)
+
+    def _maybe_plan(self, t: Transfer) -> None:
+        if any(s not in t.opened and self._up(s) for s in t.sources):
+            return
+        good = [s for s in t.sources if t.opened.get(s, {}).get("ok")]
+        if not good:
+            why = [t.opened[s]["error"] for s in t.sources if s in t.opened] or ["source node lost"]
+            t.error = why[0]
+            self._finish(t)
+            return
+        first = t.opened[good[0]]
+        t.size, t.mode, t.sha = first["size"], first["mode"], first["sha256"]
+        t.n = -(-t.size // CHUNK)
+        replicas = [s for s in good if t.opened[s]["sha256"] == t.sha]
+        for s in good:
+            if s not in replicas:
+                self.head.write_log("bcast %d: %s has a different %s; not used" % (t.id, s, t.path))
+        primary = replicas[0]
+        for s in replicas:
+            t.members[s] = Member(s, source=True, have=t.n)
+        for nid in t.targets:
+            m = t.members.setdefault(nid, Member(nid))
+            m.target = True
+            m.have = 0
+            m.feeder = nid if m.source else None
+            hop = nid
+            while m.feeder is None:     # walk the tree path towards the primary
+                nxt = _next_hop(hop, primary)
+                hm = t.members.get(nxt)
+                if hm is None:
+                    hm = t.members[nxt] = Member(nxt, relay=True)
+                m.feeder = nxt
+                if hm.source or hm.feeder is not None:
+                    break
+                m, hop = hm, nxt
+        name = os.path.basename(t.path.rstrip("/")) or "file"
+        for m in t.members.values():
+            if m.target or m.relay:
+                self.head.send(m.id, {"op": "bc_plan", "bc": t.id, "size": t.size, "mode": t.mode,
+                                      "sha256": t.sha, "chunk": CHUNK,
+                                      "dest": t.dest if m.target else "", "name": name})
+        for m in list(t.members.values()):
+            if m.feeder is not None:
+                self._feed(t, m, m.feeder)
+        for m in list(t.members.values()):
+            if not self._up(m.id) and not m.error:
+                self._fail(t, m, "node lost: %s" % self.head.tree[m.id].reason
+                           if m.id in self.head.tree else "node lost")
+        self._check_done(t)
+
+    def _feed(self, t: Transfer, m: Member, feeder: str) -> None:
+        m.feeder = feeder
+        msg: Dict[str, Any] = {"op": "bc_feed", "bc": t.id, "child": m.id, "start": m.have}
+        if self.fault is not None and self._name(m.id) == self.fault[0]:
+            msg["corrupt"] = self.fault[1]
+            self.fault = None
+        self.head.send(feeder, msg)
+
+    def on_state(self, src: str, msg: Dict[str, Any]) -> None:
+        t = self.transfers.get(msg["bc"])
+        m = t.members.get(src) if t is not None else None
+        if t is None or m is None or m.error or t.finished:
+            return
+        m.have = max(m.have, msg["have"])
+        if msg["error"]:
+            self._fail(t, m, msg["error"])
+        elif msg["bad"]:
+            self.head.write_log("bcast %d: %s got a bad chunk %d from %s; fetching it again"
+                                % (t.id, src, m.have, msg["bad"]))
+            self._refeed(t, m, avoid=msg["bad"])
+        elif msg["done"]:
+            m.done = True
+            m.have = t.n
+        if t.on_progress is not None:
+            t.on_progress(t)
+        self._check_done(t)
+
+    # -- failures ------------------------------------------------------------------
+    def _fail(self, t: Transfer, m: Member, reason: str, gone: bool = False) -> None:
+        """m's copy failed (a source still feeds from its file unless it is gone)."""
+        m.error = reason
+        if gone or not self._up(m.id):
+            m.source = False
+        if m.feeder is not None and m.feeder != m.id and self._up(m.feeder):
+            self.head.send(m.feeder, {"op": "bc_drop", "bc": t.id, "child": m.id})
+        m.feeder = None
+        if m.source:
+            return
+        if self._up(m.id):
+            self.head.send(m.id, {"op": "bc_stop", "bc": t.id})
+        for child in t.members.values():
+            if child.feeder == m.id and child is not m and not child.error and not child.done:
+                self._refeed(t, child, avoid=m.id)
+
+    def _refeed(self, t: Transfer, m: Member, avoid: str) -> None:
+        """Feed m from another holder: a replica first, else the most advanced
+        node not fed through m (which could never get ahead of it)."""
+        def fed_through(c: Member) -> bool:
+            seen = set()
+            while c.feeder is not None and c.feeder != c.id and c.id not in seen:
+                seen.add(c.id)
+                if c.feeder == m.id:
+                    return True
+                c = t.members[c.feeder]
+            return False
+        cands = [c for c in t.members.values()
+                 if c is not m and self._up(c.id) and not fed_through(c)
+                 and (c.source or (not c.error and c.feeder is not None))]
+        cands.sort(key=lambda c: (c.id == avoid, not c.source, -c.have, _depth(c.id)))
+        if not cands:
+            self._fail(t, m, "no holder of %s is left to fetch it from" % t.path)
+            return
+        old = m.feeder
+        if old is not None and old != cands[0].id and self._up(old):
+            self.head.send(old, {"op": "bc_drop", "bc": t.id, "child": m.id})
+        self._feed(t, m, cands[0].id)
+
+    def node_lost(self, lost: str, reason: str) -> None:
+        for t in list(self.transfers.values()):
+            if not t.members:
+                self._maybe_plan(t)
+                continue
+            for m in list(t.members.values()):
+                if wire.is_descendant(m.id, lost) and (not m.error or m.source):
+                    self._fail(t, m, "node lost: %s" % reason if m.id == lost
+                               else "node lost with %s: %s" % (self._name(lost), reason), gone=True)
+            self._check_done(t)
+
+    def client_closed(self, client: str) -> None:
+        for t in list(self.transfers.values()):
+            if t.client == client:
+                for m in t.members.values():
+                    if not m.error and not m.done and m.target:
+                        m.error = "interrupted"
+                self._check_done(t)
+
+    # -- the end -------------------------------------------------------------------
+    def _check_done(self, t: Transfer) -> None:
+        if t.finished or not t.members:
+            return
+        if all(m.done or m.error for m in t.members.values() if m.target):
+            self._finish(t)
+
+    def _finish(self, t: Transfer) -> None:
+        t.finished = True
+        t.ended = time.monotonic()
+        self.transfers.pop(t.id, None)
+        for nid in set(t.members) | set(t.sources):
+            if self._up(nid):
+                self.head.send(nid, {"op": "bc_stop", "bc": t.id})
+        t.on_done(t)
+
+    # -- the verb ------------------------------------------------------------------
+    def req_bcast(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        if not args["dest"].startswith("/"):
+            raise ValueError("bcast: give DEST as an absolute path (got %r)" % args["dest"])
+        if not args.get("src_nodes") and not args["src"].startswith("/"):
+            raise ValueError("bcast: give a source on the head as an absolute path")
+        targets = self.head.shell.select_nodes(args)
+        if not targets:
+            raise ValueError("bcast: no node selected")
+        if args.get("src_nodes"):
+            pat = hostpattern.compile_pattern(args["src_nodes"])
+            sources = [nid for nid in sorted(self.head.tree, key=_id_key)
+                       if self._up(nid) and not self.head.tree[nid].role
+                       and any(pat.match(x) for x in self.head.tree[nid].names())]
+            if not sources:
+                raise ValueError("bcast: no node matches %r" % args["src_nodes"])
+        else:
+            sources = [wire.HEAD]
+        last = [0.0]
+
+        def progress(t: Transfer) -> None:
+            now = time.monotonic()
+            if not args.get("progress") or now - last[0] < PROGRESS_EVERY:
+                return
+            last[0] = now
+            done = sum(1 for m in t.members.values() if m.target and m.done)
+            mib = t.bytes_done() / len(t.targets) / (1 << 20)
+            self.head.send(cid, {"op": "print", "req": req, "stream": 2, "data": (
+                "\rbcast: %.0f of %.0f MiB, %d of %d nodes done " % (
+                    mib, t.size / (1 << 20), done, len(t.targets))).encode()})
+
+        def done(t: Transfer) -> None:
+            names = {nid: self._name(nid) for nid in t.targets}
+            result = {"nodes": names, "failed": t.failed(), "error": t.error, "bytes": t.size,
+                      "seconds": t.ended - t.started, "sha256": t.sha,
+                      "plan": {m.id: m.feeder or "" for m in t.members.values()}}
+            self.head.reply(cid, req, 1 if (t.error or t.failed()) else 0, result)
+
+        t = self.start(sources, args["src"], targets, args["dest"], done, progress)
+        t.client = cid
+
+    def _up(self, nid: str) -> bool:
+        n = self.head.tree.get(nid)
+        return n is not None and n.state == "up"
+
+    def _name(self, nid: str) -> str:
+        n = self.head.tree.get(nid)
+        return n.name if n is not None else nid
+
+
+def _next_hop(node: str, toward: str) -> str:
+    """The neighbour of `node` on the explored tree's path to `toward`."""
+    if toward.startswith(node + "."):
+        return node + "." + toward[len(node) + 1:].split(".", 1)[0]
+    return node.rsplit(".", 1)[0]
+
+
+def _depth(nid: str) -> int:
+    return nid.count(".")
+
+
+def _id_key(nid: str) -> List[int]:
+    try:
+        return [int(x) for x in nid.split(".")]
+    except ValueError:
+        return [1 << 30]
