@@ -267,7 +267,10 @@ class BcastService(Service):
 
     def client_closed(self, client: str) -> None:
         for t in list(self.transfers.values()):
-            if t.client == client:
+            if t.client == client and not t.members:
+                t.error = "interrupted"
+                self._finish(t)
+            elif t.client == client:
                 for m in t.members.values():
                     if not m.error and not m.done and m.target:
                         m.error = "interrupted"

@@ -132,6 +132,33 @@ def test_bcast_reaches_every_host_complete_never_partial_in_bounded_memory(bed, 
     assert max(sampler.peak.values()) < 60 * MIB, sampler.peak
 
 
+def test_a_node_that_falls_behind_stalls_nobody_else(bed, make_gxp):
+    """tc04's agent is stopped (SIGSTOP) before the transfer: every other host
+    gets the whole file meanwhile; tc04 gets it once it runs again."""
+    user = next(iter(bed.users))
+    g = make_gxp(bed=bed, user=user)
+    pids = explore(g)
+    dest_dir = setup_dirs(bed, user, "b6")
+    src = "/tmp/bcsrc-%s" % g.new_tag()
+    want = make_file(src, 16 * MIB, user)
+    os.kill(pids["tc04"], signal.SIGSTOP)
+    try:
+        p = g.popen("bcast", "--hosts", "tc*", src, dest_dir + "/copy")
+        others = [h for h in HOSTS if h != "tc04"]
+        paths = {h: os.path.join(scratch_of(bed, h), "b6", "copy") for h in HOSTS}
+        deadline = time.monotonic() + 120
+        while not all(os.path.exists(paths[h]) for h in others) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for h in others:
+            assert sha(paths[h]) == want, h
+        assert not os.path.exists(paths["tc04"]) and p.poll() is None
+    finally:
+        os.kill(pids["tc04"], signal.SIGCONT)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    assert sha(paths["tc04"]) == want
+
+
 def test_source_killed_midway_with_a_replica_still_completes(bed, make_gxp):
     user = next(iter(bed.users))
     g = make_gxp(bed=bed, user=user)

@@ -1,0 +1,225 @@
+"""One file to many hosts: `gxpc bcast` against scp, on 100 Mbit/s links.
+
+Run as root (the test bed needs it), from the checkout, after scripts/install:
+
+    /opt/gxpstyle/venv/bin/python benchmarks/transfers.py [--size MiB] [--reps N]
+                                                           [--hosts 8,16,32] [--quick]
+
+What it does (one test bed: tb00, the source host, and tb01..tbNN, every link
+shaped to 100 Mbit/s by tbf at both ends of its veth; the checkout and the venv
+hidden on the hosts; one ordinary user runs everything). A file of --size MiB
+(default 96, random so nothing compresses) lies in tb00's scratch directory;
+every case copies it to the same path in the scratch directory of the first N
+targets (removed between cases), and each copy's SHA-256 is checked:
+
+  S/B        one link: tb01 pulls the file from tb00 with scp (the time a link
+             takes to carry the file once; the goal's unit),
+  all-pull   every target runs `scp tb00:FILE FILE` at once (tb00's link
+             carries the file N times),
+  push tree  whole-file pushes with scp, holders doubling each round (round r:
+             every holder pushes to one new target; ceil(log2(N+1)) rounds),
+  bcast      `gxpc bcast --hosts TARGETS tb00:FILE FILE` in a session that has
+             explored tb00 and the targets (the explored tree is flat: every
+             host is a child of the head, so the chunks go tb00 -> head -> every
+             target, each link carrying the file once; the head's own link, the
+             machine's bridge, is not shaped).
+
+Medians of --reps runs (default 2) for N = 8; for larger N (--hosts, default
+8,16,32) S/B, push tree and bcast once each, and all-pull only when --all-pull-big
+is given (it takes N times S/B). Reports seconds, ratios to S/B and to all-pull,
+the machine's CPU while each case ran (CPU-seconds per MB delivered), and the
+goals of issue 16: bcast within 1.3x S/B and at least 4x faster than all-pull.
+All hosts share this machine's two CPUs (and other work may run on it): the
+report says how busy it was.
+
+Everything is cleaned up whatever happens (Ctrl-C, SIGTERM, errors): the session
+quit, the bed torn down. Standard library only, plus tests/testbed.py and
+benchmarks/bench_harness.py.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import os
+import sys
+import time
+
+from bench_harness import (Bench, BenchError, log, main_driver, ratio_text)
+
+BW = "100mbit"
+MiB = 1 << 20
+GOAL_SB = 1.3
+GOAL_PULL = 4.0
+
+
+def sha_of(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class TransfersBench(Bench):
+    name = "transfers.py"
+    call_timeout = 1800
+
+    def __init__(self, opts: argparse.Namespace) -> None:
+        super().__init__(log)
+        self.opts = opts
+        self.counts = sorted(set(opts.hosts))
+        self.targets = ["tb%02d" % i for i in range(1, max(self.counts) + 1)]
+        self.rel = "bench.bin"
+
+    # -- helpers ---------------------------------------------------------------
+    def scratch(self, host: str) -> str:
+        return os.path.join(self.bed.dir, "hosts", host, "scratch")
+
+    def path(self) -> str:
+        return os.path.join(self.bed.scratch, self.rel)
+
+    def ssh_all(self, cmds: list) -> float:
+        """[(host, shell command)] run at once, each by ssh as the user; seconds."""
+        t0 = time.monotonic()
+        procs = [(h, c, self.bed.popen_as(self.user.name, ["ssh", h, c], env=self.env(),
+                                          stdout=-1, stderr=-1, text=True)) for h, c in cmds]
+        for h, c, p in procs:
+            out, err = p.communicate(timeout=self.call_timeout)
+            if p.returncode != 0:
+                raise BenchError("ssh %s %s failed (%d): %s" % (h, c, p.returncode, err.strip()))
+        return time.monotonic() - t0
+
+    def clear(self, hosts: list) -> None:
+        for h in hosts:
+            try:
+                os.unlink(os.path.join(self.scratch(h), self.rel))
+            except FileNotFoundError:
+                pass
+
+    def verify(self, hosts: list, case: str) -> None:
+        bad = [h for h in hosts if not os.path.exists(os.path.join(self.scratch(h), self.rel))
+               or sha_of(os.path.join(self.scratch(h), self.rel)) != self.want]
+        if bad:
+            raise BenchError("%s: wrong or missing copy on %s" % (case, ", ".join(bad)))
+        self.clear(hosts)
+
+    def case(self, key: str, hosts: list, fn, *args) -> float:
+        self.clear(hosts)
+        os.sync()
+        dt = self.timed(key, lambda: fn(*args))
+        self.add(key, dt)
+        self.verify(hosts, key)
+        log("  %-22s %6.2f s" % (key, dt))
+        return dt
+
+    # -- the cases -------------------------------------------------------------------
+    def single(self) -> float:
+        return self.ssh_all([("tb01", "scp -q tb00:%s %s" % (self.path(), self.path()))])
+
+    def all_pull(self, hosts: list) -> float:
+        return self.ssh_all([(h, "scp -q tb00:%s %s" % (self.path(), self.path())) for h in hosts])
+
+    def push_tree(self, hosts: list) -> float:
+        t0 = time.monotonic()
+        holders, left = ["tb00"], list(hosts)
+        while left:
+            pairs = list(zip(holders, left))
+            left = left[len(pairs):]
+            self.ssh_all([(a, "scp -q %s %s:%s" % (self.path(), b, self.path())) for a, b in pairs])
+            holders += [b for _, b in pairs]
+        return time.monotonic() - t0
+
+    def bcast(self, hosts: list) -> float:
+        pat = "tb[[01-%02d]]" % len(hosts)
+        dt, r = self.gxpc("bcast", "--hosts", pat, "tb00:" + self.path(), self.path())
+        return dt
+
+    # -- the run ---------------------------------------------------------------------
+    def setup(self) -> None:
+        self.check_installed()
+        log("%s: test bed of %d hosts at %s ..." % (self.name, len(self.targets) + 1, BW))
+        dt = self.bed_up(["tb00"] + self.targets, "gxpx", bw=BW)
+        log("  up in %.0f s" % dt)
+        src = os.path.join(self.scratch("tb00"), self.rel)
+        with open(src, "wb") as f:
+            for _ in range(self.opts.size):
+                f.write(os.urandom(MiB))
+        os.chown(src, self.user.uid, self.user.gid)
+        self.want = sha_of(src)
+        self.session = "/tmp/gxpx-%s/session" % os.urandom(4).hex()
+        self.made_dirs.append(os.path.dirname(self.session))
+        self.gxpc("use", "ssh", "head", "tb*")
+        dt, _ = self.gxpc("explore", "tb[[00-%02d]]" % len(self.targets))
+        log("  explored %d hosts in %.1f s" % (len(self.targets) + 1, dt))
+
+    def run(self) -> None:
+        reps = self.opts.reps
+        for n in self.counts:
+            hosts = self.targets[:n]
+            big = n > 8
+            log("N = %d" % n)
+            for _ in range(1 if big else reps):
+                if n == self.counts[0]:
+                    self.case("S/B", ["tb01"], self.single)
+                if not big or self.opts.all_pull_big:
+                    self.case("all-pull %d" % n, hosts, self.all_pull, hosts)
+                self.case("push tree %d" % n, hosts, self.push_tree, hosts)
+                self.case("bcast %d" % n, hosts, self.bcast, hosts)
+
+    def release(self) -> None:
+        if self.session is not None:
+            self.guarded("quit", self.quit_session)
+
+    def report(self) -> None:
+        sb = self.med("S/B")
+        mb = self.opts.size * MiB / 1e6
+        print()
+        print("one %d MiB file from tb00 to N hosts, 100 Mbit/s per host link, medians of %d "
+              "(N = 8) or 1 run" % (self.opts.size, self.opts.reps))
+        print("%-16s %9s %9s %9s %12s %12s" % ("case", "seconds", "x S/B", "MB/s/host",
+                                               "machine busy", "CPU s/MB"))
+        for key in sorted(self.samples, key=lambda k: (int(k.split()[-1]) if k[-1].isdigit() else 0, k)):
+            if key.endswith(" busy") or key.endswith(" cpu s"):
+                continue
+            v = self.med(key)
+            n = int(key.split()[-1]) if key[-1].isdigit() else 1
+            cpu = self.med(key + " cpu s")
+            print("%-16s %9.2f %9s %9.1f %11.0f%% %12.4f" % (
+                key, v, ratio_text(sb, v) if sb else "-", mb / v,
+                100 * (self.med(key + " busy") or 0), (cpu or 0) / (mb * n)))
+        print()
+        for n in self.counts:
+            b, p = self.med("bcast %d" % n), self.med("all-pull %d" % n)
+            if b is None or sb is None:
+                continue
+            line = "N = %d: bcast %.2fx S/B (goal <= %.1f: %s)" % (
+                n, b / sb, GOAL_SB, "met" if b / sb <= GOAL_SB else "NOT met")
+            if p is not None:
+                line += "; all-pull / bcast = %.1fx (goal >= %.0f: %s)" % (
+                    p / b, GOAL_PULL, "met" if p / b >= GOAL_PULL else "NOT met")
+            t = self.med("push tree %d" % n)
+            if t is not None:
+                line += "; push tree / bcast = %.1fx (%d rounds)" % (t / b, math.ceil(math.log2(n + 1)))
+            print(line)
+        print("the machine's CPUs are shared by every host (and by other work): see 'machine busy'")
+        for line in self.noticed_lines():
+            print(line)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", type=int, default=96, help="MiB (default 96)")
+    p.add_argument("--reps", type=int, default=2, help="runs of each case for N = 8 (default 2)")
+    p.add_argument("--hosts", default="8,16,32", help="target counts (default 8,16,32)")
+    p.add_argument("--all-pull-big", action="store_true", help="all-pull for N > 8 too")
+    p.add_argument("--quick", action="store_true", help="32 MiB, N = 8, one run")
+    a = p.parse_args(argv)
+    a.hosts = [int(x) for x in a.hosts.split(",")]
+    if a.quick:
+        a.size, a.reps, a.hosts = 32, 1, [8]
+    return main_driver(TransfersBench, a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The broadcast's plan and its repairs, on the head alone (no nodes): who feeds
+whom along the explored tree, and who feeds a receiver whose feeder was lost,
+failed, or sent a bad chunk."""
+from __future__ import annotations
+
+from gxpstyle.bcast_service import BcastService
+from gxpstyle.daemon import NodeInfo
+
+TREE = ["0", "0.1", "0.2", "0.3", "0.1.1", "0.1.2"]
+
+
+class FakeHead:
+    def __init__(self):
+        self.tree = {nid: NodeInfo(nid, "n" + nid.replace(".", "_"), None, "ssh") for nid in TREE}
+        self.sent = []
+        self.replies = []
+        self.logs = []
+
+    def send(self, dst, msg):
+        self.sent.append((dst, msg))
+
+    def write_log(self, text):
+        self.logs.append(text)
+
+    def take(self, op):
+        out = [(d, m) for d, m in self.sent if m["op"] == op]
+        self.sent = [(d, m) for d, m in self.sent if m["op"] != op]
+        return out
+
+
+def started(sources, targets):
+    head = FakeHead()
+    svc = BcastService(head)
+    done = []
+    t = svc.start(sources, "/data/f", targets, "/scratch/f", done.append)
+    assert sorted(d for d, _ in head.take("bc_open")) == sorted(sources)
+    for s in sources:
+        svc.on_opened(s, {"op": "bc_opened", "bc": t.id, "ok": True, "error": "", "size": 10 << 20,
+                          "mode": 0o644, "sha256": "ab" * 32})
+    return head, svc, t, done
+
+
+def feeds(head):
+    return {m["child"]: (d, m["start"]) for d, m in head.take("bc_feed")}
+
+
+def test_the_plan_follows_the_tree_from_the_source_and_relays_through_the_head():
+    head, svc, t, done = started(["0.1.1"], ["0.1.2", "0.2", "0.3"])
+    assert feeds(head) == {"0.1": ("0.1.1", 0), "0.1.2": ("0.1", 0), "0": ("0.1", 0),
+                           "0.2": ("0", 0), "0.3": ("0", 0)}
+    plans = {d: m["dest"] for d, m in head.take("bc_plan")}
+    assert plans == {"0.1": "", "0": "", "0.1.2": "/scratch/f", "0.2": "/scratch/f",
+                     "0.3": "/scratch/f"}
+    for nid in ("0.1.2", "0.2", "0.3"):
+        svc.on_state(nid, {"op": "bc_state", "bc": t.id, "have": 40, "done": True, "error": "",
+                           "bad": ""})
+    assert done == [t] and t.failed() == {}
+    assert {d for d, m in head.take("bc_stop")} == {"0", "0.1", "0.1.1", "0.1.2", "0.2", "0.3"}
+
+
+def test_a_lost_source_is_replaced_by_its_replica_from_where_each_receiver_stands():
+    head, svc, t, done = started(["0.1", "0.2"], ["0.2", "0.3"])
+    assert feeds(head) == {"0": ("0.1", 0), "0.2": ("0.2", 0), "0.3": ("0", 0)}
+    svc.on_state("0", {"op": "bc_state", "bc": t.id, "have": 17, "done": False, "error": "",
+                       "bad": ""})
+    head.tree["0.1"].state = "lost"
+    svc.node_lost("0.1", "link closed")
+    assert feeds(head) == {"0": ("0.2", 17)}          # the relay, from the replica
+    assert done == []
+
+
+def test_a_bad_chunk_is_fetched_from_another_holder():
+    head, svc, t, done = started(["0"], ["0.1", "0.2", "0.3"])
+    feeds(head)
+    svc.on_state("0.2", {"op": "bc_state", "bc": t.id, "have": 9, "done": False, "error": "",
+                         "bad": ""})
+    svc.on_state("0.1", {"op": "bc_state", "bc": t.id, "have": 5, "done": False, "error": "",
+                         "bad": "0"})
+    assert feeds(head) == {"0.1": ("0.2", 5)}          # not the head, which sent it
+    assert [(d, m["child"]) for d, m in head.take("bc_drop")] == [("0", "0.1")]
+
+
+def test_a_failed_receiver_is_named_and_the_others_go_on():
+    head, svc, t, done = started(["0"], ["0.1", "0.2"])
+    feeds(head)
+    svc.on_state("0.1", {"op": "bc_state", "bc": t.id, "have": 0, "done": False,
+                         "error": "/scratch: No space left on device (ENOSPC)", "bad": ""})
+    svc.on_state("0.2", {"op": "bc_state", "bc": t.id, "have": 40, "done": True, "error": "",
+                         "bad": ""})
+    assert done == [t] and t.failed() == {"0.1": "/scratch: No space left on device (ENOSPC)"}
+
+
+def test_no_source_at_all_fails_the_transfer_with_the_reason():
+    head = FakeHead()
+    svc = BcastService(head)
+    done = []
+    t = svc.start(["0.1"], "/nope", ["0.2"], "/scratch/f", done.append)
+    svc.on_opened("0.1", {"op": "bc_opened", "bc": t.id, "ok": False,
+                          "error": "/nope: No such file or directory (ENOENT)", "size": 0, "mode": 0,
+                          "sha256": ""})
+    assert done == [t] and t.error == "/nope: No such file or directory (ENOENT)"
