@@ -123,7 +123,9 @@ class BcastService(Service):
               on_progress: Optional[Callable[[Transfer], None]] = None) -> Transfer:
         """Copy `path` (identical on every one of `sources`, tried in that order)
         to `dest` on every one of `targets`; on_done(transfer) once each target
-        is done or failed (transfer.failed() names those, with their reasons)."""
+        is done or failed (transfer.failed() names those, with their reasons).
+        `{sha256}` in dest becomes the file's SHA-256 (a content-addressed
+        replica: identical content lands on one name per node)."""
         self.seq += 1
         t = Transfer(self.seq, path, dest, list(sources), list(targets), on_done, on_progress)
         self.transfers[t.id] = t
@@ -172,6 +174,7 @@ class BcastService(Service):
                 if hm.source or hm.feeder is not None:
                     break
                 m, hop = hm, nxt
+        t.dest = t.dest.replace("{sha256}", t.sha)
         name = os.path.basename(t.path.rstrip("/")) or "file"
         for m in t.members.values():
             if m.target or m.relay:

@@ -90,6 +90,15 @@ def test_a_failed_receiver_is_named_and_the_others_go_on():
     assert done == [t] and t.failed() == {"0.1": "/scratch: No space left on device (ENOSPC)"}
 
 
+def test_a_content_addressed_destination_is_named_by_the_files_hash():
+    head = FakeHead()
+    svc = BcastService(head)
+    t = svc.start(["0"], "/data/f", ["0.1"], "/cache/{sha256}", lambda t: None)
+    svc.on_opened("0", {"op": "bc_opened", "bc": t.id, "ok": True, "error": "", "size": 5,
+                        "mode": 0o644, "sha256": "cd" * 32})
+    assert [m["dest"] for _, m in head.take("bc_plan")] == ["/cache/" + "cd" * 32]
+
+
 def test_no_source_at_all_fails_the_transfer_with_the_reason():
     head = FakeHead()
     svc = BcastService(head)
