@@ -104,6 +104,12 @@ class Confined:
         that does not exist is returned as is (for create)."""
         return self._walk(split_path(rel), follow)
 
+    def walk(self, parts: "List[str]") -> int:
+        """A descriptor of directory `parts` (checked components, any total
+        length), symlinks on the way expanded and confined; the caller closes it."""
+        d, name = self._walk(parts + ["."], False)
+        return d
+
     @contextlib.contextmanager
     def at(self, rel: str, follow: bool = False) -> "Iterator[Tuple[int, str]]":
         dir_fd, name = self.resolve(rel, follow)

@@ -79,6 +79,7 @@ class MergedFS(NameChanges, Xattrs, Operations):
         locals_ = [b for b in branches if b.local]
         self.branches = locals_ + [b for b in branches if not b.local]
         self.readonly = bool(readonly or read_only)
+        self._single = self.branches[0] if len(self.branches) == 1 else None
         self.debug = debug
         self.log = log or (lambda msg: None)
         self.node = node or socket.gethostname()
@@ -146,6 +147,16 @@ class MergedFS(NameChanges, Xattrs, Operations):
     def _view(self, path: str, every: bool = False) -> View:
         """The branches holding `path`. Unless `every`, a directory found first
         is not looked up further (its attributes are the first branch's)."""
+        if self._single is not None:
+            # one branch: nothing to merge (most own-export mounts)
+            try:
+                return View(path, [(self._single, self._single.getattr(path))])
+            except OSError as e:
+                if e.errno == errno.ENOTDIR:
+                    raise _e(errno.ENOENT)
+                if e.errno != errno.ENOENT:
+                    self._note(self._single, e)
+                raise
         holders: "List[Tuple[Branch, Dict[str, Any]]]" = []
         failure = None
         for b in self.branches:
@@ -244,16 +255,21 @@ class MergedFS(NameChanges, Xattrs, Operations):
         return sorted(names)
 
     # -- attributes ----------------------------------------------------
-    @_safe
     def getattr(self, path: "Optional[str]", fh: "Optional[int]" = None) -> "Dict[str, Any]":
-        if self._is_chain(path):
+        return self._fuse_attrs(self.raw_getattr(path, fh))
+
+    @_safe
+    def raw_getattr(self, path: "Optional[str]", fh: "Optional[int]" = None) -> "Dict[str, Any]":
+        """The visible branch's attributes as it gave them (fuse_glue fills
+        struct stat from them; getattr converts them for Python callers)."""
+        if path in self._virtual:
             return self._chain_attrs(path)  # type: ignore[arg-type]
         if path is None:
             h = self._handles.get(fh) if fh is not None else None
             if h is not None and hasattr(h, "fstat"):
-                return self._fuse_attrs(h.fstat())
+                return h.fstat()
             raise _e(errno.ENOENT)
-        return self._fuse_attrs(self._view(path).attrs)
+        return self._view(path).attrs
 
     @_safe
     def readdir(self, path: str, fh: int) -> "List[str]":
