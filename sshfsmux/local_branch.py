@@ -19,7 +19,7 @@ import os
 import socket
 import stat
 
-from .branch import Branch, ReadHandle, WriteHandle, stat_dict
+from .branch import Branch, ReadHandle, WriteHandle
 from .confined_paths import Confined
 
 TYPE_CHECKING = False
@@ -140,10 +140,13 @@ class LocalWriteHandle(LocalReadHandle, WriteHandle):
 
 
 def _attrs(st: os.stat_result) -> "Dict[str, Any]":
-    d = stat_dict(st)
-    d["st_mtime_ns"] = st.st_mtime_ns
-    d["st_atime_ns"] = st.st_atime_ns
-    d["st_ctime_ns"] = st.st_ctime_ns
+    # stat_dict's keys plus nanosecond times, written out: on the hot path
+    d = {"st_mode": st.st_mode, "st_size": st.st_size, "st_mtime": st.st_mtime,
+         "st_atime": st.st_atime, "st_ctime": st.st_ctime, "st_nlink": st.st_nlink,
+         "st_uid": st.st_uid, "st_gid": st.st_gid, "st_mtime_ns": st.st_mtime_ns,
+         "st_atime_ns": st.st_atime_ns, "st_ctime_ns": st.st_ctime_ns}
+    if st.st_rdev:
+        d["st_rdev"] = st.st_rdev
     return d
 
 
@@ -205,7 +208,16 @@ class LocalBranch(Branch):
         name = comps.pop()
         if not comps:
             return self.root_fd, name
-        fd = _open_beneath(self.root_fd, comps) if _openat2 is not None else -1
+        if len(comps) == 1:
+            # one directory: a plain openat that refuses a symlink
+            try:
+                fd = os.open(comps[0], _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=self.root_fd)
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                fd = -1
+        else:
+            fd = _open_beneath(self.root_fd, comps) if _openat2 is not None else -1
         if fd < 0:
             # a symlink among the directories (or no openat2): expand it, confined
             fd = self._walker.walk(comps)

@@ -184,6 +184,17 @@ class MergedFS(NameChanges, Xattrs, Operations):
                 "s" if len(v.conflicts) == 1 else "", v.visible.name, v.visible.name))
         return v
 
+    def _single_attrs(self, path: str) -> "Dict[str, Any]":
+        # _view's answer for one branch, without building the View
+        try:
+            return self._single.getattr(path)  # type: ignore[union-attr]
+        except OSError as e:
+            if e.errno == errno.ENOTDIR:
+                raise _e(errno.ENOENT)
+            if e.errno != errno.ENOENT:
+                self._note(self._single, e)  # type: ignore[arg-type]
+            raise
+
     def _file_view(self, path: str) -> View:
         return self._view(path, every=True)
 
@@ -264,6 +275,8 @@ class MergedFS(NameChanges, Xattrs, Operations):
         struct stat from them; getattr converts them for Python callers)."""
         if path in self._virtual:
             return self._chain_attrs(path)  # type: ignore[arg-type]
+        if self._single is not None and path is not None:
+            return self._view(path).attrs if path == "/" else self._single_attrs(path)
         if path is None:
             h = self._handles.get(fh) if fh is not None else None
             if h is not None and hasattr(h, "fstat"):
