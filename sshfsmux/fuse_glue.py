@@ -219,13 +219,24 @@ def fuse_class() -> type:
     return _FUSE
 
 
-def run_fuse(fs: "Any", mountpoint: str, foreground: bool = True, **options: "Any") -> None:
+ATTR_SECONDS = 1.0      # how long the kernel trusts a name's attributes (libfuse's default)
+
+
+def run_fuse(fs: "Any", mountpoint: str, foreground: bool = True,
+             negative_seconds: float = 0.0, **options: "Any") -> None:
     """Mount `fs` at `mountpoint` and serve it until it is unmounted (blocks).
     Options go to libfuse (-o); defaults: fsname=sshfsmux, subtype=sshfsm,
     hard_remove (no .fuse_hidden files in the branches), max_threads=64 (readers
     waiting for a stream must not starve everything else), ro if fs is
-    read-only. libfuse's nonzero status (also after SIGTERM) raises RuntimeError."""
-    opts = dict(fsname="sshfsmux", subtype="sshfsm", hard_remove=True, max_threads=64)
+    read-only; names and attributes trusted for ATTR_SECONDS (a change made
+    behind the mount's back is seen within that), a missing name for
+    `negative_seconds` (0: asked every time; only safe longer when every
+    writer invalidates). Not auto_cache: it served a remote file's old bytes
+    after a change (test_sshfsm). libfuse's nonzero status
+    (also after SIGTERM) raises RuntimeError."""
+    opts = dict(fsname="sshfsmux", subtype="sshfsm", hard_remove=True, max_threads=64,
+                entry_timeout=ATTR_SECONDS, attr_timeout=ATTR_SECONDS,
+                negative_timeout=negative_seconds)
     if fs.readonly:
         opts["ro"] = True
     opts.update(options)

@@ -56,6 +56,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
+FUSE_CAP_SPLICE_WRITE = 1 << 7
 CHAIN_NAME = ".sshfsmux-chain"
 CHAIN_PATH = "/" + CHAIN_NAME
 BRANCHES_NAME = ".sshfsmux-branches"
@@ -120,6 +121,9 @@ class MergedFS(NameChanges, Xattrs, Operations):
         if conn is not None:
             try:
                 conn.max_write = 1 << 20
+                # read_buf hands libfuse (fd, offset): let it splice from the
+                # fd into /dev/fuse instead of copying through its buffer
+                conn.want |= conn.capable & FUSE_CAP_SPLICE_WRITE
             except Exception:
                 pass
         if self.on_ready is not None:
