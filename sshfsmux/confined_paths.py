@@ -35,7 +35,11 @@ if TYPE_CHECKING:
     from typing import Iterator, List, Tuple
 
 MAX_LINKS = 40          # like the kernel's limit on nested symlinks
-MAX_PATH = 4096         # bytes, PATH_MAX
+PATH_MAX = 4096         # bytes: what one system call takes (symlink targets)
+# bytes of a path from the export root. Larger than PATH_MAX: a process deep in
+# a mount uses paths relative to its directory, each within PATH_MAX, and the
+# walk below opens one component at a time, so depth has no kernel limit
+MAX_PATH = 8 * PATH_MAX
 MAX_NAME = 255          # bytes, NAME_MAX
 
 O_PATH = getattr(os, "O_PATH", 0)

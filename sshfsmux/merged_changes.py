@@ -93,6 +93,17 @@ class NameChanges:
         return 0
 
     @_safe
+    def mknod(self, path: str, mode: int, dev: int) -> int:
+        """FIFOs, sockets (bind) and, for root, devices: like any new name, in
+        the local branch; a node-local object by nature (merge-semantics.md)."""
+        b = self._branch_for_new(path)
+        fn = getattr(b, "mknod", None)
+        if fn is None:
+            raise _e(errno.EPERM)
+        fn(path, mode, dev)
+        return 0
+
+    @_safe
     def symlink(self, target: str, source: str) -> int:
         # mfusepy: symlink(link path, what it points to)
         self._branch_for_new(target).symlink(source, target)
