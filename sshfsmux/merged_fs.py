@@ -38,6 +38,7 @@ run_fuse(fs, mountpoint) mounts a MergedFS and serves it (sshfsm, gxpc mount).
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import os
 import socket
@@ -163,9 +164,18 @@ class MergedFS(NameChanges, Xattrs, Operations):
                 raise
         holders: "List[Tuple[Branch, Dict[str, Any]]]" = []
         failure = None
-        for b in self.branches:
+        asked: "Optional[Dict[int, Callable[[], Dict[str, Any]]]]" = None
+        for i, b in enumerate(self.branches):
+            if asked is None and hasattr(b, "getattr_begin"):
+                # the remote branches are asked at once (one round trip for a
+                # missing name, not one per peer); answers are taken in order
+                asked = {id(r): r.getattr_begin(path) for r in self.branches[i:]
+                         if hasattr(r, "getattr_begin")}
+            get = asked.get(id(b)) if asked else None
+            if get is None:
+                get = functools.partial(b.getattr, path)
             try:
-                a = b.getattr(path)
+                a = get()
             except OSError as e:
                 if e.errno in (errno.ENOENT, errno.ENOTDIR):
                     continue
