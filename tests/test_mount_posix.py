@@ -7,6 +7,7 @@ one-line error when /etc/fuse.conf does not permit it.
 import json
 import os
 import stat
+import time
 
 import pytest
 
@@ -145,3 +146,41 @@ def test_allow_other_without_user_allow_other_is_one_line(bed, g):
     g.run("umount")
     r = g.run("mount", "-o", "allow_others", export, mnt)
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "allow_other" in r.stderr
+
+
+def test_an_export_changed_directly_is_seen_within_the_attribute_timeout(bed, g):
+    from sshfsmux.fuse_glue import ATTR_SECONDS
+    g.ok("use", "ssh", "head", "tp*")
+    g.ok("explore", *HOSTS[:2])
+    tag = g.new_tag()
+    export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
+    g.ok("e", "mkdir -p %s %s" % (export, mnt))
+    g.ok("mount", export, mnt)
+    try:
+        def on(host, *names):
+            return os.path.join(bed.host(host).tmp_dir, "gxpexp-" + tag, *names)
+
+        def as_user(script):
+            return bed.run_as(g.user, ["sh", "-c", script], capture_output=True, text=True,
+                              timeout=60)
+        with open(on("tp02", "c"), "w") as f:
+            f.write("old")
+        os.chown(on("tp02", "c"), *_ids(g.user))
+        # the head's kernel now holds c's attributes and the missing name n
+        r = as_user("cat %s/c; echo; ls %s/n 2>/dev/null || echo missing" % (mnt, mnt))
+        assert r.stdout.split() == ["old", "missing"], r.stdout + r.stderr
+        with open(on("tp02", "c"), "w") as f:
+            f.write("changed behind the mount's back")
+        with open(on("tp01", "n"), "w") as f:
+            f.write("new")
+        time.sleep(ATTR_SECONDS + 0.5)
+        r = as_user("cat %s/c; echo; cat %s/n" % (mnt, mnt))
+        assert r.stdout.splitlines() == ["changed behind the mount's back", "new"], r.stdout + r.stderr
+    finally:
+        g.ok("umount")
+
+
+def _ids(user):
+    import pwd
+    pw = pwd.getpwnam(user)
+    return pw.pw_uid, pw.pw_gid
