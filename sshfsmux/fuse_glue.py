@@ -48,6 +48,7 @@ class _FuseBufVec(ctypes.Structure):
 
 
 FUSE_BUF_IS_FD, FUSE_BUF_FD_SEEK = 1 << 1, 1 << 2
+FUSE_READDIR_PLUS, FUSE_FILL_DIR_PLUS = 1 << 0, 1 << 1
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.malloc.restype = ctypes.c_void_p
 _libc.malloc.argtypes = [ctypes.c_size_t]
@@ -185,6 +186,30 @@ def fuse_class() -> type:
                     raise failure
                 again.__name__ = func.__name__
                 return mfusepy.FUSE._wrapper(self, again)
+
+        def readdir_fuse_3(self, path, buf, filler, offset, fip, flags):  # type: ignore[no-untyped-def]
+            # readdirplus: names with attributes, so ls -l, find and make need
+            # no lookup per entry (entries without attributes get one)
+            plus = getattr(self.operations, "readdir_plus", None)
+            if not flags & FUSE_READDIR_PLUS or plus is None:
+                return mfusepy.FUSE.readdir_fuse_3(self, path, buf, filler, offset, fip, flags)
+            enc, errs = self.encoding, self.errors
+            st = mfusepy.c_stat()
+            size = ctypes.sizeof(st)
+            # offsets, not offset 0: libfuse (< 3.17) drops the attributes of
+            # entries it buffers itself
+            entries = plus(path.decode(enc, errs), fip.contents.fh, offset)
+            for i in range(offset, len(entries)):
+                name, a = entries[i]
+                if a is None:
+                    full = filler(buf, name.encode(enc, errs), None, i + 1, 0)
+                else:
+                    ctypes.memset(ctypes.byref(st), 0, size)
+                    fill_stat(st, a)
+                    full = filler(buf, name.encode(enc, errs), st, i + 1, FUSE_FILL_DIR_PLUS)
+                if full:
+                    break
+            return 0
 
         def getattr_fuse_3(self, path, buf, fip):  # type: ignore[no-untyped-def]
             # the branch's attributes as they are, no dict copies on the way

@@ -258,6 +258,29 @@ class LocalBranch(Branch):
             names = [n for n in names if base + n not in self._rel_exclude]
         return names
 
+    def readdir_attrs(self, path: str) -> "Dict[str, Dict[str, Any]]":
+        """Every name of a directory with its attributes (lstat), for readdirplus."""
+        d, name = self._at(path)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
+        finally:
+            self._done(d)
+        out = {}
+        try:
+            for n in os.listdir(fd):
+                try:
+                    out[n] = _attrs(os.stat(n, dir_fd=fd, follow_symlinks=False))
+                except OSError:
+                    pass        # gone meanwhile: the kernel will look it up
+        finally:
+            os.close(fd)
+        if self._rel_exclude:
+            base = path.rstrip("/") + "/"
+            for n in list(out):
+                if base + n in self._rel_exclude:
+                    del out[n]
+        return out
+
     def readlink(self, path: str) -> str:
         d, name = self._at(path)
         try:

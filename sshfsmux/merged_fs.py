@@ -109,6 +109,7 @@ class MergedFS(NameChanges, Xattrs, Operations):
         writable = [b for b in self.branches if b.writable]
         self.create_branch = next((b for b in writable if b.local), writable[0] if writable else None)
         self._handles: "Dict[int, ReadHandle]" = {}
+        self._dirs: "Dict[int, List[Tuple[str, Optional[Dict[str, Any]]]]]" = {}   # readdirplus
         self._fh = itertools.count(1)
         self._lock = threading.Lock()
         self._hints: "Dict[str, Dict[str, bytes]]" = {}
@@ -301,6 +302,55 @@ class MergedFS(NameChanges, Xattrs, Operations):
     @_safe
     def readdir(self, path: str, fh: int) -> "List[str]":
         return [".", ".."] + self._listing(path)
+
+    @_safe
+    def opendir(self, path: str) -> int:
+        with self._lock:
+            return next(self._fh)
+
+    @_safe
+    def releasedir(self, path: "Optional[str]", fh: int) -> int:
+        with self._lock:
+            self._dirs.pop(fh, None)
+        return 0
+
+    @_safe
+    def readdir_plus(self, path: str, fh: int,
+                     offset: int = 0) -> "List[Tuple[str, Optional[Dict[str, Any]]]]":
+        """readdir with the attributes of every name a local branch holds:
+        local branches come first, so the first local holder's attributes are
+        the visible ones. Names only remote branches hold come without (the
+        kernel looks them up, which asks the merge rules). The listing is made
+        at offset 0 and kept with the open directory for the calls that go on."""
+        if offset:
+            with self._lock:
+                kept = self._dirs.get(fh)
+            if kept is not None:
+                return kept
+        out = self._plus_listing(path)
+        if fh:
+            with self._lock:
+                self._dirs[fh] = out
+        return out
+
+    def _plus_listing(self, path: str) -> "List[Tuple[str, Optional[Dict[str, Any]]]]":
+        v = self._view(path, every=True)
+        names = self._listing(path, v)
+        attrs: "Dict[str, Dict[str, Any]]" = {}
+        for b, a in v.holders:
+            fn = getattr(b, "readdir_attrs", None)
+            if not b.local or fn is None:
+                break
+            if stat.S_ISDIR(a["st_mode"]):
+                try:
+                    for n, na in fn(path).items():
+                        attrs.setdefault(n, na)
+                except OSError as e:
+                    self._note(b, e)
+                    break
+        out: "List[Tuple[str, Optional[Dict[str, Any]]]]" = [(".", None), ("..", None)]
+        out.extend((n, attrs.get(n)) for n in names)
+        return out
 
     @_safe
     def readlink(self, path: str) -> str:
