@@ -47,8 +47,8 @@ import threading
 import time
 
 from .branch import Branch, ReadHandle, WriteHandle
-from .fuse_glue import (FuseOSError, Operations, _e, fuse_get_context, hand_over,  # noqa: F401
-                        run_fuse, safe as _safe)
+from .fuse_glue import (FuseOSError, Operations, _e, current_fuse, fuse_get_context,  # noqa: F401
+                        hand_over, run_fuse, safe as _safe)
 from .merged_changes import NameChanges
 from .merged_handles import MultiWriteHandle, View, _VirtualHandle
 from .merged_xattrs import XA_CONFLICT, XA_LOCATION, Xattrs  # noqa: F401
@@ -104,6 +104,7 @@ class MergedFS(NameChanges, Xattrs, Operations):
         if places:
             self._virtual[BRANCHES_PATH] = ("\n".join(places) + "\n").encode("utf-8", "surrogateescape")
         self.on_ready = on_ready
+        self.fuse_handle = 0        # struct fuse *, known once mounted (init)
         self.uid, self.gid = os.getuid(), os.getgid()
         self.started_ns = time.time_ns()
         writable = [b for b in self.branches if b.writable]
@@ -118,6 +119,12 @@ class MergedFS(NameChanges, Xattrs, Operations):
 
     # -- lifecycle -----------------------------------------------------
     def init_with_config(self, conn: "Any", config: "Any") -> None:
+        try:
+            # for invalidating the kernel's cache of a path changed elsewhere
+            # (libfuse fuse_invalidate_path(fuse_handle, path))
+            self.fuse_handle = current_fuse()
+        except Exception:
+            pass
         # writes of up to 1 MiB per call (the kernel's default is 128 KiB):
         # fewer trips through Python for big sequential writes
         if conn is not None:
