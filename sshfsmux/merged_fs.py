@@ -468,6 +468,11 @@ class MergedFS(NameChanges, Xattrs, Operations):
         b = self._target()
         self._ensure_parents(b, path)
         h = b.open_write(path, flags | os.O_CREAT, mode & 0o7777, True)
+        try:
+            self._give_to_caller(b, path)
+        except OSError:
+            h.close()
+            raise
         return self._new_fh(MultiWriteHandle(self, path, [(b, h)]))
 
     @_safe

@@ -184,3 +184,59 @@ def _ids(user):
     import pwd
     pw = pwd.getpwnam(user)
     return pw.pw_uid, pw.pw_gid
+
+
+def test_allow_other_gives_the_kernels_permission_rules():
+    """sshfsm run by root with -o allow_other (default_permissions): another
+    user's new names are theirs, the kernel checks modes (EACCES), owners
+    (EPERM on chmod of someone else's file) and the sticky bit."""
+    import pathlib
+    import shutil
+    import subprocess
+    import tempfile
+    from conftest import venv_dir
+    sshfsm = os.path.join(venv_dir(), "bin", "sshfsm")
+    top = pathlib.Path(tempfile.mkdtemp(prefix="gxp-allow-other-", dir="/var/tmp"))
+    src, mp = top / "src", top / "mp"
+    src.mkdir()
+    mp.mkdir()
+    os.chmod(top, 0o755)
+    os.chmod(src, 0o1777)          # sticky, like /tmp
+    try:
+        subprocess.run([sshfsm, "-o", "allow_other", str(src), str(mp)], check=True, timeout=60)
+        def as_nobody(code):
+            return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                   "/usr/bin/python3", "-c", code, str(mp)],
+                                  capture_output=True, text=True, timeout=60)
+        probe = r'''
+import errno, json, os, sys
+os.chdir(sys.argv[1])
+out = {}
+def t(name, fn):
+    try:
+        fn(); out[name] = "ok"
+    except OSError as e:
+        out[name] = errno.errorcode[e.errno]
+t("create", lambda: open("mine", "w").close())
+t("chmod own", lambda: os.chmod("mine", 0o600))
+t("chmod root's", lambda: os.chmod("roots", 0o666))
+t("read root's 0600", lambda: open("secret").read())
+t("unlink root's in sticky dir", lambda: os.unlink("roots"))
+t("chown own to root", lambda: os.chown("mine", 0, -1))
+print(json.dumps(out))
+'''
+        for name, mode in (("roots", 0o644), ("secret", 0o600)):
+            with open(mp / name, "w") as f:
+                f.write("x")
+            os.chmod(mp / name, mode)
+        r = as_nobody(probe)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == {
+            "create": "ok", "chmod own": "ok", "chmod root's": "EPERM",
+            "read root's 0600": "EACCES", "unlink root's in sticky dir": "EPERM",
+            "chown own to root": "EPERM"}, r.stdout
+        st = os.lstat(src / "mine")
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (65534, 65534, 0o600)
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mp)], timeout=30, stderr=subprocess.DEVNULL)
+        shutil.rmtree(top)
