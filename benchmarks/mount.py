@@ -287,6 +287,8 @@ class MountBench(Bench):
         if kind in ("ours", "ourslocal"):
             cache = self.mkdir_user(os.path.join(self.top, "cache"))
             argv = [SSHFSM, "-o", "cache_dir=" + cache, spec, mp]
+        elif kind == "bindfs":
+            argv = ["bindfs", spec, mp]
         else:
             argv = [SSHFS, spec, mp]
         # sshfs daemonizes; its ssh child would keep a captured pipe open: no pipes.
@@ -419,9 +421,10 @@ class MountBench(Bench):
         msg = "  rep %d metadata %d files: local create %.0f/s stat %.0f/s readdir %.0f/s" % (
             rep + 1, n, self.samples["meta local create"][-1], self.samples["meta local stat"][-1],
             self.samples["meta local readdir"][-1])
-        for kind in ("ours", "sshfs", "ourslocal"):
+        # bindfs (a C FUSE file system) over a local directory: the anchor for ourslocal
+        for kind in ("ours", "sshfs", "ourslocal") + (("bindfs",) if shutil.which("bindfs") else ()):
             name = "md-%s-%d" % (kind, rep)
-            if kind == "ourslocal":       # sshfsm of a local branch: the FUSE cost alone
+            if kind in ("ourslocal", "bindfs"):   # a local branch: the FUSE cost alone
                 rdir = spec = self.mkdir_user(os.path.join(self.work, "local", name))
             else:
                 rdir = self.host_dir(REMOTE, name)
@@ -435,7 +438,7 @@ class MountBench(Bench):
                 self.head_mount(kind, spec, mp)
                 self.meta_pass("meta %s %s" % (kind, mode), mode, mp)
             self.head_umount(mp)
-            shutil.rmtree(rdir if kind == "ourslocal" else self.host_side(REMOTE, rdir))
+            shutil.rmtree(rdir if kind in ("ourslocal", "bindfs") else self.host_side(REMOTE, rdir))
             msg += "; %s %.0f/%.0f/%.0f" % (kind, self.samples["meta %s create" % kind][-1],
                                            self.samples["meta %s stat" % kind][-1],
                                            self.samples["meta %s readdir" % kind][-1])
@@ -694,6 +697,8 @@ class MountBench(Bench):
         for op in ("create", "stat", "readdir"):
             row("%s %s, sshfsm of a local dir" % (md, op), "local disk", "meta local " + op,
                 "meta ourslocal " + op, "ops/s")
+            row("%s %s, sshfsm of a local dir" % (md, op), "bindfs (C FUSE)", "meta bindfs " + op,
+                "meta ourslocal " + op, "ops/s")
         lc = "locality %dx%d MiB" % (len(NODES), self.a.loc_size)
         row(lc + " read", "local disk", "loc local read", "loc ours read", "MB/s")
         row(lc + " read", "all-to-one", "loc a2o read", "loc ours read", "MB/s")
@@ -805,6 +810,10 @@ class MountBench(Bench):
         rl = ratio("meta ourslocal stat", "meta local stat")
         o.append("    (sshfsm of a local directory, no network: %.0f stat/s, %.0f%% of local disk: the FUSE "
                  "cost alone)" % (self.med("meta ourslocal stat") or 0, 100 * (rl or 0)))
+        rb = ratio("meta ourslocal stat", "meta bindfs stat")
+        if rb is not None:
+            o.append("    (the same against bindfs, a C FUSE file system: %.2fx, %.0f stat/s)"
+                     % (rb, self.med("meta bindfs stat") or 0))
         o.append("  ALL GOALS HOLD" if all(holds) else
                  "  GOALS DO NOT ALL HOLD (%d of %d)" % (sum(holds), len(holds)))
         o += self.noticed_lines()

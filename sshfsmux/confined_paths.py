@@ -35,7 +35,11 @@ if TYPE_CHECKING:
     from typing import Iterator, List, Tuple
 
 MAX_LINKS = 40          # like the kernel's limit on nested symlinks
-MAX_PATH = 4096         # bytes, PATH_MAX
+PATH_MAX = 4096         # bytes: what one system call takes (symlink targets)
+# bytes of a path from the export root. Larger than PATH_MAX: a process deep in
+# a mount uses paths relative to its directory, each within PATH_MAX, and the
+# walk below opens one component at a time, so depth has no kernel limit
+MAX_PATH = 8 * PATH_MAX
 MAX_NAME = 255          # bytes, NAME_MAX
 
 O_PATH = getattr(os, "O_PATH", 0)
@@ -103,6 +107,12 @@ class Confined:
         follow, a final symlink is expanded (confined) too; a final component
         that does not exist is returned as is (for create)."""
         return self._walk(split_path(rel), follow)
+
+    def walk(self, parts: "List[str]") -> int:
+        """A descriptor of directory `parts` (checked components, any total
+        length), symlinks on the way expanded and confined; the caller closes it."""
+        d, name = self._walk(parts + ["."], False)
+        return d
 
     @contextlib.contextmanager
     def at(self, rel: str, follow: bool = False) -> "Iterator[Tuple[int, str]]":

@@ -151,11 +151,37 @@ class DirectBranch(Branch):
 
     # -- Branch ----------------------------------------------------------------
     def getattr(self, path: str) -> "Dict[str, Any]":
-        r = self._do("getattr", path=_rel(path))
+        return self._stat_reply(self._do("getattr", path=_rel(path)))
+
+    @staticmethod
+    def _stat_reply(r: "Any") -> "Dict[str, Any]":
         try:
             return {k: r[k] for k in STAT_KEYS}
         except (TypeError, KeyError):
             raise _oserror(errno.EIO, "bad reply")
+
+    def getattr_begin(self, path: str) -> "Callable[[], Dict[str, Any]]":
+        """Send a getattr now and return what waits for its answer: the merged
+        tree asks every peer at once, so a missing name costs one round trip,
+        not one per peer. Anything unusual (no connection, a lost one) falls
+        back to getattr, with its retry rules."""
+        rel = _rel(path)
+        try:
+            ch = self._channel()
+            p = _Pending()
+            ch.submit("getattr", {"path": rel}, p)
+        except OSError:
+            return lambda: self.getattr(path)
+
+        def finish() -> "Dict[str, Any]":
+            try:
+                return self._stat_reply(p.wait(self.timeout))
+            except _Timeout:
+                self.not_answering("no reply")
+                raise
+            except _ConnectionLost:
+                return self.getattr(path)
+        return finish
 
     def readdir(self, path: str) -> "List[str]":
         holder: "List[_DirList]" = []

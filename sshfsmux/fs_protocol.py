@@ -82,7 +82,7 @@ CHUNK = wire.CHUNK              # data per fs_data frame
 MAX_IO = 1 << 20                # data per write/read/pread call
 MAX_XATTR_NAME = 255
 MAX_XATTR_VALUE = 64 << 10
-MAX_LINK_TARGET = confined_paths.MAX_PATH
+MAX_LINK_TARGET = confined_paths.PATH_MAX
 U63 = (1 << 63) - 1
 SETTLE_SECONDS = 2.0            # a replica of a file touched this recently may go stale unseen
 

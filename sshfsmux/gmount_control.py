@@ -36,7 +36,7 @@ ROLE = "gmount"
 ROLE_MODULE = "sshfsmux.gmount_node"
 
 MOUNT_ARGS = Rec({"export": Str(4096, empty=False), "mountpoint": Str(4096, empty=False)},
-                 {"ro": Bool(), "cipher": Bool()})
+                 {"ro": Bool(), "cipher": Bool(), "allow_other": Bool()})
 UMOUNT_ARGS = Rec(None, {"mountpoint": Opt(Str(4096, empty=False))})
 
 
@@ -112,7 +112,8 @@ class GMountService(Service):
         m = Mount(export, mountpoint, cid, req, pending=set(nodes))
         self.mounts[mountpoint] = m
         config = {"export": export, "mountpoint": mountpoint,
-                  "ro": bool(args.get("ro")), "cipher": bool(args.get("cipher", True))}
+                  "ro": bool(args.get("ro")), "cipher": bool(args.get("cipher", True)),
+                  "allow_other": bool(args.get("allow_other"))}
         for nid in nodes:
             def up(ok: bool, reason: str, info: Dict[str, Any], child: str, nid: str = nid) -> None:
                 self._service_up(m, nid, ok, reason, info, child)

@@ -88,6 +88,14 @@ def fusermount() -> str:
     return "fusermount"
 
 
+def fuse_conf_allows_other(path: str = "/etc/fuse.conf") -> bool:
+    try:
+        with open(path) as f:
+            return any(line.strip() == "user_allow_other" for line in f)
+    except OSError:
+        return False
+
+
 def is_mounted(mountpoint: str) -> bool:
     try:
         with open("/proc/self/mounts") as f:
@@ -127,6 +135,10 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
             or not 1 <= timeout <= MAX_CALL_SECONDS):
         raise ValueError("timeout %r: give a number of seconds from 1 to %d"
                          % (timeout, MAX_CALL_SECONDS))
+    allow_other = bool(config.get("allow_other"))
+    if allow_other and os.getuid() != 0 and not fuse_conf_allows_other():
+        raise ValueError("allow_other needs 'user_allow_other' in /etc/fuse.conf on %s"
+                         % socket.gethostname())
     if not os.path.isdir(export):
         raise ValueError("export %s: no such directory" % export)
     if not os.path.isdir(mountpoint):
@@ -218,7 +230,8 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
         if state["stop"] or state["fs"] is None:
             return
         try:
-            merged_fs.run_fuse(state["fs"], mountpoint, foreground=True)
+            extra = dict(allow_other=True, default_permissions=True) if allow_other else {}
+            merged_fs.run_fuse(state["fs"], mountpoint, foreground=True, **extra)
         except Exception as e:
             state["error"] = "cannot mount %s: %s" % (mountpoint, e)
         finally:

@@ -19,7 +19,8 @@ import os
 import socket
 import stat
 
-from .branch import Branch, ReadHandle, WriteHandle, stat_dict
+from .branch import Branch, ReadHandle, WriteHandle
+from .confined_paths import Confined
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -29,6 +30,73 @@ if TYPE_CHECKING:
 # offsets, so it must not be applied twice.
 _PASS_FLAGS = (os.O_ACCMODE | os.O_CREAT | os.O_EXCL | os.O_TRUNC
                | getattr(os, "O_SYNC", 0) | getattr(os, "O_DSYNC", 0))
+
+
+_DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
+# openat2(2) (Linux >= 5.6): the kernel walks a path of directories below a
+# root fd, refusing symlinks and escapes, in one call
+_RESOLVE_BENEATH_NO_LINKS = 0x02 | 0x04 | 0x08   # NO_MAGICLINKS | NO_SYMLINKS | BENEATH
+_CHUNK = 4000            # bytes of path per openat2 call (below PATH_MAX)
+
+
+def _load_openat2() -> "Any":
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.syscall
+    except (OSError, AttributeError, ImportError):
+        return None
+
+    class OpenHow(ctypes.Structure):
+        _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                    ("resolve", ctypes.c_uint64)]
+    how = OpenHow(_DIR_FLAGS, 0, _RESOLVE_BENEATH_NO_LINKS)
+    fn.restype = ctypes.c_long
+    fn.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
+    where, size = ctypes.addressof(how), ctypes.sizeof(how)
+    get_errno = ctypes.get_errno
+
+    def openat2(dir_fd: int, rel: bytes) -> int:
+        fd = fn(437, dir_fd, rel, where, size)
+        return fd if fd >= 0 else -get_errno()
+    openat2.keep = how  # type: ignore[attr-defined]
+    # probe: some kernels (and seccomp filters) do not have it
+    r = openat2(-100, b".")
+    if r < 0:
+        return None
+    os.close(r)
+    return openat2
+
+
+_openat2 = _load_openat2()
+
+
+def _open_beneath(root_fd: int, comps: "List[str]") -> int:
+    """An O_PATH fd of directory `comps` below root_fd, or -1 when the walk
+    meets a symlink (the caller expands it); other errors are raised."""
+    assert _openat2 is not None
+    rel = "/".join(comps).encode("utf-8", "surrogateescape")
+    if len(rel) < _CHUNK:
+        fd = _openat2(root_fd, rel)
+    else:
+        sizes = [len(c.encode("utf-8", "surrogateescape")) + 1 for c in comps]
+        fd, i = root_fd, 0
+        while i < len(comps):
+            j, n = i, 0
+            while j < len(comps) and (j == i or n + sizes[j] < _CHUNK):
+                n += sizes[j]
+                j += 1
+            nfd = _openat2(fd, "/".join(comps[i:j]).encode("utf-8", "surrogateescape"))
+            if fd != root_fd:
+                os.close(fd)
+            fd, i = nfd, j
+            if fd < 0:
+                break
+    if fd >= 0:
+        return fd
+    if -fd in (errno.ELOOP, errno.EXDEV, errno.ENOSYS, errno.EPERM):
+        return -1
+    raise _err(-fd)
 
 
 def _err(code: int, path: str = "") -> OSError:
@@ -72,10 +140,13 @@ class LocalWriteHandle(LocalReadHandle, WriteHandle):
 
 
 def _attrs(st: os.stat_result) -> "Dict[str, Any]":
-    d = stat_dict(st)
-    d["st_mtime_ns"] = st.st_mtime_ns
-    d["st_atime_ns"] = st.st_atime_ns
-    d["st_ctime_ns"] = st.st_ctime_ns
+    # stat_dict's keys plus nanosecond times, written out: on the hot path
+    d = {"st_mode": st.st_mode, "st_size": st.st_size, "st_mtime": st.st_mtime,
+         "st_atime": st.st_atime, "st_ctime": st.st_ctime, "st_nlink": st.st_nlink,
+         "st_uid": st.st_uid, "st_gid": st.st_gid, "st_mtime_ns": st.st_mtime_ns,
+         "st_atime_ns": st.st_atime_ns, "st_ctime_ns": st.st_ctime_ns}
+    if st.st_rdev:
+        d["st_rdev"] = st.st_rdev
     return d
 
 
@@ -95,100 +166,221 @@ class LocalBranch(Branch):
         self.node = node or socket.gethostname()
         self.name = name or self.root
         self.exclude: "Set[str]" = set()
+        self._rel_exclude: "Set[str]" = set()   # the same, as paths of the branch
         for p in exclude:
             self.add_exclude(p)
         self.writable = os.access(self.realroot, os.W_OK)
+        self.root_fd = os.open(self.realroot, _DIR_FLAGS)
+        self._walker = Confined(self.realroot)
 
     def add_exclude(self, path: str) -> None:
         real = os.path.realpath(path)
         if real != self.realroot and real.startswith(self.realroot.rstrip("/") + "/"):
             self.exclude.add(real)
+            self._rel_exclude.add(real[len(self.realroot.rstrip("/")):])
 
     # -- confinement ---------------------------------------------------
     def _inside(self, real: str) -> bool:
         return real == self.realroot or real.startswith(self.realroot.rstrip("/") + "/")
 
-    def _path(self, path: str) -> str:
-        """Real path of `path` (last component not followed), confined."""
+    def _excluded(self, path: str) -> bool:
+        for x in self._rel_exclude:
+            if path == x or path.startswith(x + "/"):
+                return True
+        return False
+
+    def _at(self, path: str) -> "Tuple[int, str]":
+        """(directory fd, name) of `path`, confined; the caller closes the fd
+        unless it is self.root_fd. The last component is never followed.
+        Directories are opened relative to the root (openat2 RESOLVE_BENEATH
+        where the kernel has it, else one component at a time), so a path may
+        be longer than PATH_MAX from the root, as on a local file system."""
         if not path.startswith("/"):
             raise _err(errno.EACCES, path)
         if path == "/":
-            return self.realroot
+            return self.root_fd, "."
         comps = path[1:].split("/")
         for c in comps:
             if c in ("", ".", ".."):
                 raise _err(errno.EACCES, path)
-        if len(comps) == 1:
-            parent = self.realroot
-        else:
-            parent = os.path.realpath(os.path.join(self.realroot, *comps[:-1]))
-            if not self._inside(parent):
-                raise _err(errno.EACCES, path)
-        full = os.path.join(parent, comps[-1])
-        if self.exclude and (full in self.exclude or parent in self.exclude
-                             or any(full.startswith(x + "/") for x in self.exclude)):
+        if self._rel_exclude and self._excluded(path):
             raise _err(errno.ENOENT, path)
-        return full
+        name = comps.pop()
+        if not comps:
+            return self.root_fd, name
+        if len(comps) == 1:
+            # one directory: a plain openat that refuses a symlink
+            try:
+                fd = os.open(comps[0], _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=self.root_fd)
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                fd = -1
+        else:
+            fd = _open_beneath(self.root_fd, comps) if _openat2 is not None else -1
+        if fd < 0:
+            # a symlink among the directories (or no openat2): expand it, confined
+            fd = self._walker.walk(comps)
+            if self._rel_exclude:
+                real = os.readlink("/proc/self/fd/%d" % fd) if os.path.isdir("/proc/self/fd") else ""
+                full = os.path.join(real, name)
+                if full in self.exclude or real in self.exclude or any(
+                        full.startswith(x + "/") for x in self.exclude):
+                    os.close(fd)
+                    raise _err(errno.ENOENT, path)
+        return fd, name
+
+    def _done(self, fd: int) -> None:
+        if fd != self.root_fd:
+            os.close(fd)
 
     # -- metadata ------------------------------------------------------
     def getattr(self, path: str) -> "Dict[str, Any]":
-        return _attrs(os.lstat(self._path(path)))
+        d, name = self._at(path)
+        try:
+            return _attrs(os.stat(name, dir_fd=d, follow_symlinks=False))
+        finally:
+            if d != self.root_fd:
+                os.close(d)
 
     def readdir(self, path: str) -> "List[str]":
-        real = self._path(path)
-        names = os.listdir(real)
-        if self.exclude:
-            names = [n for n in names if os.path.join(real, n) not in self.exclude]
+        d, name = self._at(path)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
+        finally:
+            self._done(d)
+        try:
+            names = os.listdir(fd)
+        finally:
+            os.close(fd)
+        if self._rel_exclude:
+            base = path.rstrip("/") + "/"
+            names = [n for n in names if base + n not in self._rel_exclude]
         return names
 
+    def readdir_attrs(self, path: str) -> "Dict[str, Dict[str, Any]]":
+        """Every name of a directory with its attributes (lstat), for readdirplus."""
+        d, name = self._at(path)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
+        finally:
+            self._done(d)
+        out = {}
+        try:
+            for n in os.listdir(fd):
+                try:
+                    out[n] = _attrs(os.stat(n, dir_fd=fd, follow_symlinks=False))
+                except OSError:
+                    pass        # gone meanwhile: the kernel will look it up
+        finally:
+            os.close(fd)
+        if self._rel_exclude:
+            base = path.rstrip("/") + "/"
+            for n in list(out):
+                if base + n in self._rel_exclude:
+                    del out[n]
+        return out
+
     def readlink(self, path: str) -> str:
-        return os.readlink(self._path(path))
+        d, name = self._at(path)
+        try:
+            return os.readlink(name, dir_fd=d)
+        finally:
+            self._done(d)
 
     def mkdir(self, path: str, mode: int) -> None:
-        os.mkdir(self._path(path), mode)
+        d, name = self._at(path)
+        try:
+            os.mkdir(name, mode, dir_fd=d)
+        finally:
+            self._done(d)
+
+    def mknod(self, path: str, mode: int, dev: int) -> None:
+        """FIFOs and sockets (and devices, for root): node-local by nature."""
+        d, name = self._at(path)
+        try:
+            os.mknod(name, mode, dev, dir_fd=d)
+        finally:
+            self._done(d)
 
     def rmdir(self, path: str) -> None:
-        os.rmdir(self._path(path))
+        d, name = self._at(path)
+        try:
+            os.rmdir(name, dir_fd=d)
+        finally:
+            self._done(d)
 
     def unlink(self, path: str) -> None:
-        os.unlink(self._path(path))
+        d, name = self._at(path)
+        try:
+            os.unlink(name, dir_fd=d)
+        finally:
+            self._done(d)
+
+    def _two(self, old: str, new: str, fn: "Any") -> None:
+        d1, n1 = self._at(old)
+        try:
+            d2, n2 = self._at(new)
+            try:
+                fn(n1, n2, d1, d2)
+            finally:
+                self._done(d2)
+        finally:
+            self._done(d1)
 
     def rename(self, old: str, new: str) -> None:
-        os.rename(self._path(old), self._path(new))
+        self._two(old, new, lambda a, b, d1, d2: os.rename(a, b, src_dir_fd=d1, dst_dir_fd=d2))
 
     def symlink(self, target: str, path: str) -> None:
-        os.symlink(target, self._path(path))
+        d, name = self._at(path)
+        try:
+            os.symlink(target, name, dir_fd=d)
+        finally:
+            self._done(d)
 
     def link(self, old: str, new: str) -> None:
-        os.link(self._path(old), self._path(new), follow_symlinks=False)
+        self._two(old, new, lambda a, b, d1, d2: os.link(a, b, src_dir_fd=d1, dst_dir_fd=d2,
+                                                         follow_symlinks=False))
 
     def chmod(self, path: str, mode: int) -> None:
-        real = self._path(path)
-        if stat.S_ISLNK(os.lstat(real).st_mode):
-            return  # Linux has no symlink modes
-        os.chmod(real, mode)
+        d, name = self._at(path)
+        try:
+            if stat.S_ISLNK(os.stat(name, dir_fd=d, follow_symlinks=False).st_mode):
+                return  # Linux has no symlink modes
+            os.chmod(name, mode, dir_fd=d)
+        finally:
+            self._done(d)
 
     def chown(self, path: str, uid: int, gid: int) -> None:
-        os.chown(self._path(path), uid, gid, follow_symlinks=False)
+        d, name = self._at(path)
+        try:
+            os.chown(name, uid, gid, dir_fd=d, follow_symlinks=False)
+        finally:
+            self._done(d)
 
     def truncate(self, path: str, length: int) -> None:
-        real = self._path(path)
-        fd = os.open(real, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = self._open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             os.ftruncate(fd, length)
         finally:
             os.close(fd)
 
     def utimens(self, path: str, times: "Optional[Tuple[float, float]]") -> None:
-        real = self._path(path)
         if times is None:
-            os.utime(real, None, follow_symlinks=False)
+            d, name = self._at(path)
+            try:
+                os.utime(name, None, dir_fd=d, follow_symlinks=False)
+            finally:
+                self._done(d)
         else:
-            os.utime(real, ns=(int(round(times[0] * 1e9)), int(round(times[1] * 1e9))),
-                     follow_symlinks=False)
+            self.utimens_ns(path, (int(round(times[0] * 1e9)), int(round(times[1] * 1e9))))
 
     def utimens_ns(self, path: str, ns: "Tuple[int, int]") -> None:
-        os.utime(self._path(path), ns=ns, follow_symlinks=False)
+        d, name = self._at(path)
+        try:
+            os.utime(name, ns=ns, dir_fd=d, follow_symlinks=False)
+        finally:
+            self._done(d)
 
     def statfs(self) -> "Dict[str, Any]":
         st = os.statvfs(self.realroot)
@@ -197,9 +389,15 @@ class LocalBranch(Branch):
                                              "f_flag", "f_namemax")}
 
     # -- data ----------------------------------------------------------
+    def _open(self, path: str, flags: int, mode: int = 0o666) -> int:
+        d, name = self._at(path)
+        try:
+            return os.open(name, flags, mode, dir_fd=d)
+        finally:
+            self._done(d)
+
     def open_read(self, path: str) -> ReadHandle:
-        fd = os.open(self._path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        return LocalReadHandle(fd)
+        return LocalReadHandle(self._open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
 
     def open_write(self, path: str, flags: int, mode: int, create: bool) -> WriteHandle:
         fl = (flags & _PASS_FLAGS) | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -209,30 +407,62 @@ class LocalBranch(Branch):
             fl |= os.O_CREAT
         else:
             fl &= ~(os.O_CREAT | os.O_EXCL)
-        fd = os.open(self._path(path), fl, mode & 0o7777)
-        return LocalWriteHandle(fd)
+        return LocalWriteHandle(self._open(path, fl, mode & 0o7777))
+
+    def _xpath(self, path: str) -> "Tuple[int, str]":
+        """(fd to close or -1, a path string for the xattr calls, which have
+        no dir_fd form): the directory through /proc, the name not followed."""
+        d, name = self._at(path)
+        if d == self.root_fd:
+            return -1, self.realroot if name == "." else os.path.join(self.realroot, name)
+        return d, "/proc/self/fd/%d/%s" % (d, name)
 
     # -- extended attributes ------------------------------------------
     def getxattr(self, path: str, name: str) -> bytes:
         if not _user_xattr(name):
             raise _err(errno.ENODATA)
-        return os.getxattr(self._path(path), name, follow_symlinks=False)
+        fd, p = self._xpath(path)
+        try:
+            return os.getxattr(p, name, follow_symlinks=False)
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def setxattr(self, path: str, name: str, value: bytes, flags: int = 0) -> None:
         if not _user_xattr(name):
             raise _err(errno.ENOTSUP)
-        os.setxattr(self._path(path), name, value, flags, follow_symlinks=False)
+        fd, p = self._xpath(path)
+        try:
+            os.setxattr(p, name, value, flags, follow_symlinks=False)
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def listxattr(self, path: str) -> "List[str]":
+        fd, p = self._xpath(path)
         try:
-            names = os.listxattr(self._path(path), follow_symlinks=False)
+            names = os.listxattr(p, follow_symlinks=False)
         except OSError as e:
             if e.errno in (errno.ENOTSUP, errno.EPERM):
                 return []
             raise
+        finally:
+            if fd >= 0:
+                os.close(fd)
         return [n for n in names if _user_xattr(n)]
 
     def removexattr(self, path: str, name: str) -> None:
         if not _user_xattr(name):
             raise _err(errno.ENOTSUP)
-        os.removexattr(self._path(path), name, follow_symlinks=False)
+        fd, p = self._xpath(path)
+        try:
+            os.removexattr(p, name, follow_symlinks=False)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def close(self) -> None:
+        if self.root_fd >= 0:
+            fd, self.root_fd = self.root_fd, -1
+            os.close(fd)
+        self._walker.close()

@@ -10,7 +10,7 @@ import stat
 import time
 
 from .branch import Branch, WriteHandle
-from .fuse_glue import _e, safe as _safe
+from .fuse_glue import _e, fuse_get_context, safe as _safe
 from .merged_handles import View
 
 TYPE_CHECKING = False
@@ -25,6 +25,7 @@ class NameChanges:
         _hints: Dict[str, Dict[str, bytes]]
         _handles: Dict[int, Any]
         create_branch: Optional[Branch]
+        uid: int
 
         def _view(self, path: str, every: bool = False) -> View: ...
         def _file_view(self, path: str) -> View: ...
@@ -64,6 +65,26 @@ class NameChanges:
                 if e.errno != errno.EEXIST:
                     raise
 
+    def _give_to_caller(self, b: Branch, path: str) -> None:
+        """A mount run by root (allow_other, several users) makes new names
+        owned by the user who made them, as a local file system does; the group
+        stays the directory's when it is setgid."""
+        if self.uid != 0:
+            return
+        uid, gid, _pid = fuse_get_context()
+        if uid == 0 and gid == 0:
+            return
+        fn = getattr(b, "chown", None)
+        if fn is None:
+            return
+        try:
+            parent = b.getattr(path.rsplit("/", 1)[0] or "/")
+            if parent["st_mode"] & stat.S_ISGID:
+                gid = -1
+        except OSError:
+            pass
+        fn(path, uid, gid)
+
     def _target(self) -> Branch:
         if self.create_branch is None:
             raise _e(errno.EROFS)
@@ -89,13 +110,29 @@ class NameChanges:
 
     @_safe
     def mkdir(self, path: str, mode: int) -> int:
-        self._branch_for_new(path).mkdir(path, mode & 0o7777)
+        b = self._branch_for_new(path)
+        b.mkdir(path, mode & 0o7777)
+        self._give_to_caller(b, path)
+        return 0
+
+    @_safe
+    def mknod(self, path: str, mode: int, dev: int) -> int:
+        """FIFOs, sockets (bind) and, for root, devices: like any new name, in
+        the local branch; a node-local object by nature (merge-semantics.md)."""
+        b = self._branch_for_new(path)
+        fn = getattr(b, "mknod", None)
+        if fn is None:
+            raise _e(errno.EPERM)
+        fn(path, mode, dev)
+        self._give_to_caller(b, path)
         return 0
 
     @_safe
     def symlink(self, target: str, source: str) -> int:
         # mfusepy: symlink(link path, what it points to)
-        self._branch_for_new(target).symlink(source, target)
+        b = self._branch_for_new(target)
+        b.symlink(source, target)
+        self._give_to_caller(b, target)
         return 0
 
     @_safe

@@ -38,6 +38,7 @@ run_fuse(fs, mountpoint) mounts a MergedFS and serves it (sshfsm, gxpc mount).
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import os
 import socket
@@ -46,8 +47,8 @@ import threading
 import time
 
 from .branch import Branch, ReadHandle, WriteHandle
-from .fuse_glue import (FuseOSError, Operations, _e, fuse_get_context, hand_over,  # noqa: F401
-                        run_fuse, safe as _safe)
+from .fuse_glue import (FuseOSError, Operations, _e, current_fuse, fuse_get_context,  # noqa: F401
+                        hand_over, run_fuse, safe as _safe)
 from .merged_changes import NameChanges
 from .merged_handles import MultiWriteHandle, View, _VirtualHandle
 from .merged_xattrs import XA_CONFLICT, XA_LOCATION, Xattrs  # noqa: F401
@@ -56,6 +57,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
+FUSE_CAP_SPLICE_WRITE = 1 << 7
 CHAIN_NAME = ".sshfsmux-chain"
 CHAIN_PATH = "/" + CHAIN_NAME
 BRANCHES_NAME = ".sshfsmux-branches"
@@ -79,6 +81,7 @@ class MergedFS(NameChanges, Xattrs, Operations):
         locals_ = [b for b in branches if b.local]
         self.branches = locals_ + [b for b in branches if not b.local]
         self.readonly = bool(readonly or read_only)
+        self._single = self.branches[0] if len(self.branches) == 1 else None
         self.debug = debug
         self.log = log or (lambda msg: None)
         self.node = node or socket.gethostname()
@@ -101,11 +104,13 @@ class MergedFS(NameChanges, Xattrs, Operations):
         if places:
             self._virtual[BRANCHES_PATH] = ("\n".join(places) + "\n").encode("utf-8", "surrogateescape")
         self.on_ready = on_ready
+        self.fuse_handle = 0        # struct fuse *, known once mounted (init)
         self.uid, self.gid = os.getuid(), os.getgid()
         self.started_ns = time.time_ns()
         writable = [b for b in self.branches if b.writable]
         self.create_branch = next((b for b in writable if b.local), writable[0] if writable else None)
         self._handles: "Dict[int, ReadHandle]" = {}
+        self._dirs: "Dict[int, List[Tuple[str, Optional[Dict[str, Any]]]]]" = {}   # readdirplus
         self._fh = itertools.count(1)
         self._lock = threading.Lock()
         self._hints: "Dict[str, Dict[str, bytes]]" = {}
@@ -114,11 +119,20 @@ class MergedFS(NameChanges, Xattrs, Operations):
 
     # -- lifecycle -----------------------------------------------------
     def init_with_config(self, conn: "Any", config: "Any") -> None:
+        try:
+            # for invalidating the kernel's cache of a path changed elsewhere
+            # (libfuse fuse_invalidate_path(fuse_handle, path))
+            self.fuse_handle = current_fuse()
+        except Exception:
+            pass
         # writes of up to 1 MiB per call (the kernel's default is 128 KiB):
         # fewer trips through Python for big sequential writes
         if conn is not None:
             try:
                 conn.max_write = 1 << 20
+                # read_buf hands libfuse (fd, offset): let it splice from the
+                # fd into /dev/fuse instead of copying through its buffer
+                conn.want |= conn.capable & FUSE_CAP_SPLICE_WRITE
             except Exception:
                 pass
         if self.on_ready is not None:
@@ -146,11 +160,30 @@ class MergedFS(NameChanges, Xattrs, Operations):
     def _view(self, path: str, every: bool = False) -> View:
         """The branches holding `path`. Unless `every`, a directory found first
         is not looked up further (its attributes are the first branch's)."""
+        if self._single is not None:
+            # one branch: nothing to merge (most own-export mounts)
+            try:
+                return View(path, [(self._single, self._single.getattr(path))])
+            except OSError as e:
+                if e.errno == errno.ENOTDIR:
+                    raise _e(errno.ENOENT)
+                if e.errno != errno.ENOENT:
+                    self._note(self._single, e)
+                raise
         holders: "List[Tuple[Branch, Dict[str, Any]]]" = []
         failure = None
-        for b in self.branches:
+        asked: "Optional[Dict[int, Callable[[], Dict[str, Any]]]]" = None
+        for i, b in enumerate(self.branches):
+            if asked is None and hasattr(b, "getattr_begin"):
+                # the remote branches are asked at once (one round trip for a
+                # missing name, not one per peer); answers are taken in order
+                asked = {id(r): r.getattr_begin(path) for r in self.branches[i:]
+                         if hasattr(r, "getattr_begin")}
+            get = asked.get(id(b)) if asked else None
+            if get is None:
+                get = functools.partial(b.getattr, path)
             try:
-                a = b.getattr(path)
+                a = get()
             except OSError as e:
                 if e.errno in (errno.ENOENT, errno.ENOTDIR):
                     continue
@@ -172,6 +205,17 @@ class MergedFS(NameChanges, Xattrs, Operations):
                 path, ", ".join(b.name for b, _ in v.conflicts),
                 "s" if len(v.conflicts) == 1 else "", v.visible.name, v.visible.name))
         return v
+
+    def _single_attrs(self, path: str) -> "Dict[str, Any]":
+        # _view's answer for one branch, without building the View
+        try:
+            return self._single.getattr(path)  # type: ignore[union-attr]
+        except OSError as e:
+            if e.errno == errno.ENOTDIR:
+                raise _e(errno.ENOENT)
+            if e.errno != errno.ENOENT:
+                self._note(self._single, e)  # type: ignore[arg-type]
+            raise
 
     def _file_view(self, path: str) -> View:
         return self._view(path, every=True)
@@ -244,20 +288,76 @@ class MergedFS(NameChanges, Xattrs, Operations):
         return sorted(names)
 
     # -- attributes ----------------------------------------------------
-    @_safe
     def getattr(self, path: "Optional[str]", fh: "Optional[int]" = None) -> "Dict[str, Any]":
-        if self._is_chain(path):
+        return self._fuse_attrs(self.raw_getattr(path, fh))
+
+    @_safe
+    def raw_getattr(self, path: "Optional[str]", fh: "Optional[int]" = None) -> "Dict[str, Any]":
+        """The visible branch's attributes as it gave them (fuse_glue fills
+        struct stat from them; getattr converts them for Python callers)."""
+        if path in self._virtual:
             return self._chain_attrs(path)  # type: ignore[arg-type]
+        if self._single is not None and path is not None:
+            return self._view(path).attrs if path == "/" else self._single_attrs(path)
         if path is None:
             h = self._handles.get(fh) if fh is not None else None
             if h is not None and hasattr(h, "fstat"):
-                return self._fuse_attrs(h.fstat())
+                return h.fstat()
             raise _e(errno.ENOENT)
-        return self._fuse_attrs(self._view(path).attrs)
+        return self._view(path).attrs
 
     @_safe
     def readdir(self, path: str, fh: int) -> "List[str]":
         return [".", ".."] + self._listing(path)
+
+    @_safe
+    def opendir(self, path: str) -> int:
+        with self._lock:
+            return next(self._fh)
+
+    @_safe
+    def releasedir(self, path: "Optional[str]", fh: int) -> int:
+        with self._lock:
+            self._dirs.pop(fh, None)
+        return 0
+
+    @_safe
+    def readdir_plus(self, path: str, fh: int,
+                     offset: int = 0) -> "List[Tuple[str, Optional[Dict[str, Any]]]]":
+        """readdir with the attributes of every name a local branch holds:
+        local branches come first, so the first local holder's attributes are
+        the visible ones. Names only remote branches hold come without (the
+        kernel looks them up, which asks the merge rules). The listing is made
+        at offset 0 and kept with the open directory for the calls that go on."""
+        if offset:
+            with self._lock:
+                kept = self._dirs.get(fh)
+            if kept is not None:
+                return kept
+        out = self._plus_listing(path)
+        if fh:
+            with self._lock:
+                self._dirs[fh] = out
+        return out
+
+    def _plus_listing(self, path: str) -> "List[Tuple[str, Optional[Dict[str, Any]]]]":
+        v = self._view(path, every=True)
+        names = self._listing(path, v)
+        attrs: "Dict[str, Dict[str, Any]]" = {}
+        for b, a in v.holders:
+            fn = getattr(b, "readdir_attrs", None)
+            if not b.local or fn is None:
+                break
+            if stat.S_ISDIR(a["st_mode"]):
+                try:
+                    for n, na in fn(path).items():
+                        attrs.setdefault(n, na)
+                except OSError as e:
+                    self._note(b, e)
+                    break
+        out: "List[Tuple[str, Optional[Dict[str, Any]]]]" = [(".", None), ("..", None)]
+        out.extend((n, attrs.get(n)) for n in names)
+        return out
 
     @_safe
     def readlink(self, path: str) -> str:
@@ -368,6 +468,11 @@ class MergedFS(NameChanges, Xattrs, Operations):
         b = self._target()
         self._ensure_parents(b, path)
         h = b.open_write(path, flags | os.O_CREAT, mode & 0o7777, True)
+        try:
+            self._give_to_caller(b, path)
+        except OSError:
+            h.close()
+            raise
         return self._new_fh(MultiWriteHandle(self, path, [(b, h)]))
 
     @_safe

@@ -21,8 +21,9 @@ def mount_options(values: List[str]) -> Dict[str, str]:
     for v in values:
         for item in v.split(","):
             k, _, val = item.partition("=")
-            if k not in ("ro", "rw", "cipher"):
-                raise UsageError("mount: unknown option %r (known: ro, rw, cipher=none)" % k)
+            if k not in ("ro", "rw", "cipher", "allow_other"):
+                raise UsageError("mount: unknown option %r (known: ro, rw, cipher=none, allow_other)"
+                                 % k)
             if k == "cipher" and val != "none":
                 raise UsageError("mount: cipher takes only 'none' (authentication stays on)")
             opts[k] = val
@@ -39,6 +40,8 @@ def check_mount(a: Any) -> None:
 def cmd_mount(c: Client, a: Any) -> int:
     args = {"export": os.path.abspath(a.export), "mountpoint": os.path.abspath(a.mountpoint),
             "ro": "ro" in a.opts, "cipher": a.opts.get("cipher") != "none"}
+    if "allow_other" in a.opts:
+        args["allow_other"] = True
     status, result = c.call("mount", args, on_print=write_stream)
     if status == 2:
         err(result.get("error", "mount failed"))
@@ -82,7 +85,9 @@ MOUNT = Verb(
     args=[Arg("export", metavar="EXPORT"), Arg("mountpoint", metavar="MOUNTPOINT")],
     options=[Opt(("-o",), "append", dest="options", metavar="OPT",
                  help="ro (read-only, enforced by every export), cipher=none (no TLS on the data "
-                      "channel; authentication stays on)")])
+                      "channel; authentication stays on), allow_other (other users may enter; "
+                      "the kernel checks permissions, default_permissions; needs "
+                      "user_allow_other in every node's /etc/fuse.conf unless run as root)")])
 
 UMOUNT = Verb("umount", "unmount the session's GMount everywhere", cmd_umount,
               args=[Arg("mountpoint", "?", metavar="MOUNTPOINT")])

@@ -14,6 +14,8 @@ import errno
 import os
 import re
 
+from .gmount_node import fuse_conf_allows_other  # noqa: F401  (one reading of fuse.conf for both)
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import List, Optional
@@ -217,14 +219,6 @@ def parse(argv: "List[str]") -> Options:
 # --------------------------------------------------------------------------
 # checks made before anything connects
 # --------------------------------------------------------------------------
-
-def fuse_conf_allows_other(path: str = "/etc/fuse.conf") -> bool:
-    try:
-        with open(path) as f:
-            return any(line.strip() == "user_allow_other" for line in f)
-    except OSError:
-        return False
-
 
 def check_allow_other(o: Options) -> None:
     if o.allow_other and os.getuid() != 0 and not fuse_conf_allows_other():

@@ -220,6 +220,7 @@ def run(o: Options, p: Prepared, ready: "Callable[[], None]",
     """Connect, mount and serve until unmounted. Returns the exit status."""
     os.umask(0)  # the kernel already applied the caller's umask to every mode
     from .local_branch import LocalBranch
+    from .fuse_glue import ATTR_SECONDS
     from .merged_fs import MergedFS, run_fuse
     from .replica_cache import ReplicaCache
 
@@ -278,7 +279,10 @@ def run(o: Options, p: Prepared, ready: "Callable[[], None]",
 
         fs = MergedFS(branches, mount_id=p.me, chain=chain, readonly=o.ro, log=log,  # type: ignore
                       debug=o.debug, on_ready=on_ready, branch_places=places)
-        fuse_opts: dict = dict(fsname=_fsname(o.branches), subtype=PROG)
+        # a missing name is trusted as long as a present one: every branch
+        # here changes behind our back alike (docs/merge-semantics.md)
+        fuse_opts: dict = dict(fsname=_fsname(o.branches), subtype=PROG,
+                               negative_seconds=ATTR_SECONDS)
         if o.allow_other:
             fuse_opts["allow_other"] = True
         if o.default_permissions:
