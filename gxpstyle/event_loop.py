@@ -101,11 +101,11 @@ class EventLoop:
         if handle is not None:
             self._cancelled.add(handle)
 
+    # cb() once the events of this round are handled, before the loop waits
+    # again (from the loop's thread). Links write here: every frame a round
+    # produces for one neighbour leaves in one system call, and the neighbour
+    # wakes once for them, not once a frame.
     def at_end(self, cb: Callback) -> None:
-        """cb() once the events of this round are handled, before the loop
-        waits again (from the loop's thread). Links write here: every frame a
-        round produces for one neighbour leaves in one system call, and the
-        neighbour wakes once for them, not once a frame."""
         self._at_end.append(cb)
 
     def _run_at_end(self) -> None:

@@ -126,9 +126,9 @@ class Link:
                 return
             self.on_frame(self, frame)
 
+    # Queue an encoded frame (with its length prefix). It is written at the
+    # end of the loop's round, with whatever else the round queued.
     def send_frame(self, frame: bytes) -> None:
-        """Queue an encoded frame (with its length prefix). It is written at
-        the end of the loop's round, with whatever else the round queued."""
         if self.closed:
             return
         was_empty = not self.outq
