@@ -24,7 +24,7 @@ What it does:
   and with hosts:
     mount make    plain `make -j32` in the GMount (what the mount itself costs make);
     hosts gmount  `gxpc make -j32` in the GMount, every recipe on a test-bed host;
-    hosts shared  `gxpc make -j32` in a directory of the root file system, which
+    hosts shared  `gxpc make --shared -j32` in a directory of the root file system, which
                   the hosts share with the head (only their /tmp and scratch are
                   their own): the dispatch to 8 hosts without the mount's cost;
     parallel ssh  `parallel -j4 -S td01,...,td08 --controlmaster` (4 a host, 32
@@ -214,7 +214,7 @@ class Dispatch(Bench):
                 mounted = self._mounted_dir(n)
                 on_hosts = [GXPC, "--session", self.host_session, "make", "-j%d" % JOBS]
                 cases += [("mount make", make, "", mounted), ("hosts gmount", on_hosts, "", mounted),
-                          ("hosts shared", on_hosts, "", d)]
+                          ("hosts shared", on_hosts[:-1] + ["--shared"] + on_hosts[-1:], "", d)]
                 if self.parallel:
                     per_host = max(1, JOBS // len(self.host_names))
                     cases.append(("parallel ssh", [self.parallel, "-j%d" % per_host, "--controlmaster",
