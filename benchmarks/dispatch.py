@@ -28,7 +28,8 @@ What it does:
                   the hosts share with the head (only their /tmp and scratch are
                   their own): the dispatch to 8 hosts without the mount's cost;
     parallel ssh  `parallel -j4 -S td01,...,td08 --controlmaster` (4 a host, 32
-                  in all), the same commands over ssh to the same hosts.
+                  in all), the same commands over ssh to the same hosts (up to
+                  --ssh-max recipes: an ssh session a job is slow).
   Each is spawned and reaped with wait4 by one measuring process of the user:
   its rusage is the CPU of the command and everything it waited for (make, its
   recipe processes, our relay, parallel's ssh clients). The user's long-lived
@@ -100,9 +101,10 @@ class Dispatch(Bench):
     name = "dispatch.py"
     call_timeout = 600
 
-    def __init__(self, counts: list, reps: int, agents: int, hosts: int) -> None:
+    def __init__(self, counts: list, reps: int, agents: int, hosts: int, ssh_max: int) -> None:
         super().__init__(log)
         self.counts, self.reps, self.agents, self.hosts = counts, reps, agents, hosts
+        self.ssh_max = ssh_max
         self.parallel = shutil.which("parallel")
         self.host_names: list = []
         self.local_session = self.host_session = None
@@ -215,7 +217,7 @@ class Dispatch(Bench):
                 on_hosts = [GXPC, "--session", self.host_session, "make", "-j%d" % JOBS]
                 cases += [("mount make", make, "", mounted), ("hosts gmount", on_hosts, "", mounted),
                           ("hosts shared", on_hosts[:-1] + ["--shared"] + on_hosts[-1:], "", d)]
-                if self.parallel:
+                if self.parallel and n <= self.ssh_max:
                     per_host = max(1, JOBS // len(self.host_names))
                     cases.append(("parallel ssh", [self.parallel, "-j%d" % per_host, "--controlmaster",
                                                    "-S", ",".join(self.host_names), "echo {} >/dev/null"],
@@ -300,13 +302,16 @@ def main(argv=None) -> int:
     p.add_argument("--agents", type=int, default=4, help="local agents in the session (default 4)")
     p.add_argument("--hosts", type=int, default=8,
                    help="test-bed hosts for a second session (default 8; 0: none)")
+    p.add_argument("--ssh-max", type=int, default=2000,
+                   help="parallel over ssh only up to this many recipes (default 2000: about 10 "
+                        "jobs a second here, 10,000 would take a quarter of an hour)")
     a = p.parse_args(argv)
     counts = a.recipes or [2000, 10000]
     if not all(1 <= n <= 1000000 for n in counts) or not 1 <= a.reps <= 100 or not 1 <= a.agents <= 256 \
             or not 0 <= a.hosts <= 64:
         p.error("--recipes from 1 to 1000000, --reps from 1 to 100, --agents from 1 to 256, "
                 "--hosts from 0 to 64")
-    return main_driver(Dispatch, counts, a.reps, a.agents, a.hosts)
+    return main_driver(Dispatch, counts, a.reps, a.agents, a.hosts, a.ssh_max)
 
 
 if __name__ == "__main__":
