@@ -40,8 +40,9 @@ class Spawned:
         if self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                return None
+            except ChildProcessError:     # reaped by someone else: as Popen.poll does
+                self.returncode = 0
+                return 0
             if pid == 0:
                 return None
             self.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
@@ -87,7 +88,7 @@ class ShellSpawner:
             self.checked = True
             _close_inherited()
         if self.here is None:
-            self.here = os.open(".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            self.here = os.open(".", os.O_RDONLY)
         if self.null is None:
             self.null = os.open(os.devnull, os.O_RDONLY)
         mine: List[int] = []        # our ends of the pipes, closed if the spawn fails
