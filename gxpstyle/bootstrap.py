@@ -32,7 +32,7 @@ PROCESS_TAG = "gxp-agent"
 # stays on the head.
 AGENT_MODULES: List[str] = [
     "gxpstyle.serializer", "gxpstyle.schema", "gxpstyle.wire", "gxpstyle.event_loop", "gxpstyle.links",
-    "gxpstyle.job_runner", "gxpstyle.channels", "gxpstyle.link_auth",
+    "gxpstyle.job_spawn", "gxpstyle.job_runner", "gxpstyle.channels", "gxpstyle.link_auth",
     "gxpstyle.bootstrap", "gxpstyle.child_bootstrap", "gxpstyle.batch_start", "gxpstyle.bcast_agent",
     "gxpstyle.agent",
 ]

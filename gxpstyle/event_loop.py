@@ -40,6 +40,7 @@ class EventLoop:
         self._cancelled: set = set()
         self._stopped = False
         self._pending: List[Callback] = []
+        self._at_end: List[Callback] = []      # run once this round's events are handled
         self._pending_lock = allocate_lock()
         # A self-pipe so other threads can wake the loop for call_soon.
         self._wake_r, self._wake_w = os.pipe()
@@ -99,6 +100,19 @@ class EventLoop:
     def cancel(self, handle: Optional[int]) -> None:
         if handle is not None:
             self._cancelled.add(handle)
+
+    # cb() once the events of this round are handled, before the loop waits
+    # again (from the loop's thread). Links write here: every frame a round
+    # produces for one neighbour leaves in one system call, and the neighbour
+    # wakes once for them, not once a frame.
+    def at_end(self, cb: Callback) -> None:
+        self._at_end.append(cb)
+
+    def _run_at_end(self) -> None:
+        while self._at_end:
+            todo, self._at_end = self._at_end, []
+            for cb in todo:
+                cb()
 
     def call_soon_threadsafe(self, cb: Callback) -> None:
         with self._pending_lock:
@@ -185,6 +199,7 @@ class EventLoop:
             self.run_once()
 
     def run_once(self, max_wait: float = 1.0) -> None:
+        self._run_at_end()      # what was queued outside a round (before run())
         timeout = max_wait
         now = time.monotonic()
         while self._timers and self._timers[0][1] in self._cancelled:
@@ -211,6 +226,7 @@ class EventLoop:
             pending, self._pending = self._pending, []
         for cb in pending:
             cb()
+        self._run_at_end()
 
     def close(self) -> None:
         for pid in list(self._children):

@@ -37,8 +37,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
     from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
     import subprocess
+    from gxpstyle.job_spawn import Spawned
 
 from gxpstyle.event_loop import EventLoop
+from gxpstyle.job_spawn import ShellSpawner
 
 READ_SIZE = 64 << 10
 OUT_WINDOW = 1 << 20        # output bytes in flight per job before its consumer acks
@@ -97,9 +99,14 @@ signal_all(signal.SIGKILL)
 class Watchdog:
     """Kills the registered process groups when this process dies."""
 
-    def __init__(self) -> None:
+    def __init__(self, later: Optional[Callable[[Callable[[], None]], None]] = None) -> None:
         self.wfd: Optional[int] = None
         self.proc: Optional[subprocess.Popen] = None
+        # "-PGID" lines wait for the end of the loop's round (`later`) or the
+        # next "+": the watchdog wakes once a round, not twice a job. A "+"
+        # is written at once, after them (a group must never go unguarded).
+        self.later = later
+        self.forgotten = bytearray()
 
     def _start(self) -> bool:
         import subprocess
@@ -129,14 +136,29 @@ class Watchdog:
             self.close()
 
     def add(self, pgid: int) -> None:
-        self._write(b"+%d\n" % pgid)
+        line = b"+%d\n" % pgid
+        if self.forgotten:
+            line, self.forgotten = bytes(self.forgotten) + line, bytearray()
+        self._write(line)
 
     def remove(self, pgid: int) -> None:
-        if self.wfd is not None:
+        if self.wfd is None:
+            return
+        if self.later is None:
             self._write(b"-%d\n" % pgid)
+            return
+        if not self.forgotten:
+            self.later(self._write_forgotten)
+        self.forgotten += b"-%d\n" % pgid
+
+    def _write_forgotten(self) -> None:
+        lines, self.forgotten = bytes(self.forgotten), bytearray()
+        if lines and self.wfd is not None:
+            self._write(lines)
 
     def close(self) -> None:
         """Closing the pipe is the watchdog's signal: it kills what is left and exits."""
+        self.forgotten = bytearray()
         if self.wfd is not None:
             try:
                 os.close(self.wfd)
@@ -149,7 +171,7 @@ class Watchdog:
 
 
 class Job:
-    def __init__(self, runner: "JobRunner", key: Tuple[str, int], proc: subprocess.Popen) -> None:
+    def __init__(self, runner: "JobRunner", key: Tuple[str, int], proc: Spawned) -> None:
         self.runner = runner
         self.key = key
         self.proc = proc
@@ -190,36 +212,30 @@ class JobRunner:
         self.backlog = backlog
         self.jobs: Dict[Tuple[str, int], Job] = {}
         self.paused = False
-        self.watchdog = Watchdog()
+        self.watchdog = Watchdog(loop.at_end)
         # Groups whose shell exited while some member still ran (`cmd &` with its
         # output elsewhere): still ours to kill at quit, still the watchdog's.
         self.lingering: Set[int] = set()
         self._killing: Optional[Callable[[], None]] = None
         self._kill_timer: Optional[int] = None
+        self.spawner = ShellSpawner()
+        # The environment of a job, by what its exec asked for: the recipes of
+        # one make ask for the same, and copying os.environ (it decodes every
+        # variable) costs more than the rest of a start. Nothing of ours
+        # changes os.environ after start.
+        self._envs: Dict[Any, Dict[str, str]] = {}
 
     # -- start -------------------------------------------------------------
     def start(self, requester: str, msg: Dict[str, Any]) -> None:
-        import subprocess   # here, not at the top: a node that runs no job never pays for it
         key = (requester, msg["job"])
         if key in self.jobs:
             return
-        env = dict(os.environ)
-        for k, v in msg["env"].items():
-            if not isinstance(k, str) or "=" in k or "\0" in k:
-                continue
-            if v is None:
-                env.pop(k, None)
-            elif isinstance(v, str) and "\0" not in v:
-                env[k] = v
+        env = self._env(msg["env"])
         cwd = msg["cwd"] or env.get("HOME") or "/"
         if self.watchdog.wfd is None:
             self.watchdog._start()
         try:
-            proc = subprocess.Popen(
-                ["/bin/sh", "-c", msg["cmd"]], cwd=cwd, env=env,
-                stdin=subprocess.PIPE if msg["stdin"] else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True, close_fds=True)
+            proc = self.spawner.spawn(msg["cmd"], cwd, env, bool(msg["stdin"]))
         except OSError as e:
             where = "cwd %s" % cwd if isinstance(e, FileNotFoundError) and e.filename == cwd else "start"
             self.send(requester, {"op": "exit", "job": msg["job"], "status": 127,
@@ -231,6 +247,23 @@ class JobRunner:
         self.loop.watch_child(proc.pid, lambda: self._child_event(job))
         self._set_reading(job)
         self._check_lingering()
+
+    def _env(self, changes: Dict[str, Optional[str]]) -> Dict[str, str]:
+        key = frozenset(changes.items())
+        env = self._envs.get(key)
+        if env is None:
+            env = dict(os.environ)
+            for k, v in changes.items():
+                if not isinstance(k, str) or "=" in k or "\0" in k:
+                    continue
+                if v is None:
+                    env.pop(k, None)
+                elif isinstance(v, str) and "\0" not in v:
+                    env[k] = v
+            if len(self._envs) >= 16:
+                self._envs.clear()
+            self._envs[key] = env
+        return env
 
     # -- output --------------------------------------------------------------
     def _set_reading(self, job: Job) -> None:
@@ -437,6 +470,7 @@ class JobRunner:
         for job in self.jobs.values():
             self.loop.unwatch_child(job.proc.pid)
         self.watchdog.close()
+        self.spawner.close()
 
 
 def _signal_group(pgid: int, sig: int) -> None:

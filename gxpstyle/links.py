@@ -23,6 +23,7 @@ Shipped to agents: standard library only, Python 3.8 syntax.
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
@@ -36,6 +37,7 @@ READ_SIZE = 256 << 10
 HIGH_WATER = 4 << 20
 LOW_WATER = 1 << 20
 CLIENT_HIGH_WATER = 16 << 20
+WRITEV_MAX = 512            # frames in one writev (Linux takes 1024)
 
 
 class Link:
@@ -57,6 +59,7 @@ class Link:
         # The bootstrap bringing up the child at the other end, until it is ready.
         self.starting: "Optional[ChildStart]" = None
         self.congested = False
+        self._flush_due = False     # a write is queued for the end of the loop's round
         self._drain_waiters: List[Callable[[], None]] = []
         self.reading = True
         self._held = False          # reading paused because our own queue is full
@@ -123,45 +126,61 @@ class Link:
                 return
             self.on_frame(self, frame)
 
+    # Queue an encoded frame (with its length prefix). It is written at the
+    # end of the loop's round, with whatever else the round queued.
     def send_frame(self, frame: bytes) -> None:
-        """Queue an encoded frame (with its length prefix)."""
         if self.closed:
             return
         was_empty = not self.outq
         self.outq.append(memoryview(frame))
         self.queued += len(frame)
-        if was_empty:
-            self._writable()
-            if self.outq and not self.closed:
-                self.loop.add_writer(self.wfd, self._writable)
+        if was_empty and not self._flush_due:
+            self._flush_due = True
+            self.loop.at_end(self._flush)
         if self.queued > HIGH_WATER and not self.closed:
             self.congested = True
             if self._throttle_self and self.queued > CLIENT_HIGH_WATER and not self._held:
                 self.pause_reading()
                 self._held = True
 
+    def _flush(self) -> None:
+        self._flush_due = False
+        if self.outq and not self.closed:
+            self._writable()
+            if self.outq and not self.closed:
+                self.loop.add_writer(self.wfd, self._writable)
+
     def send(self, dst: str, src: str, msg: dict) -> None:
         self.send_frame(wire.encode_frame(dst, src, msg))
 
     def _writable(self) -> None:
-        while self.outq:
-            buf = self.outq[0]
+        outq = self.outq
+        while outq:
             try:
-                n = os.write(self.wfd, buf)
+                if len(outq) == 1:
+                    n = os.write(self.wfd, outq[0])
+                else:
+                    n = os.writev(self.wfd, list(itertools.islice(outq, 0, WRITEV_MAX)))
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as e:
                 self.close("write error: %s" % e.strerror)
                 return
             self.queued -= n
-            if n == len(buf):
-                self.outq.popleft()
-            else:
-                self.outq[0] = buf[n:]
-                break
+            full = False
+            while n:
+                buf = outq[0]
+                if n >= len(buf):
+                    n -= len(buf)
+                    outq.popleft()
+                else:
+                    outq[0] = buf[n:]
+                    n, full = 0, True
+            if full:
+                break       # a short write: the pipe or socket is full
         if self.congested and self.queued <= LOW_WATER:
             self._drained()
-        if not self.outq and not self.closed:
+        if not outq and not self.closed:
             self.loop.remove_writer(self.wfd)
 
     def flush_blocking(self, timeout: float = 2.0) -> None:

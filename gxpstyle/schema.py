@@ -152,7 +152,13 @@ class ListOf(Spec):
             raise SchemaError("%s must be a list, not %s" % (where, _kind(value)))
         if len(value) > self.max_items:
             raise SchemaError("%s has too many items (%d, at most %d)" % (where, len(value), self.max_items))
-        return [self.spec.check(v, "%s[%d]" % (where, i)) for i, v in enumerate(value)]
+        check = self.spec.check
+        try:
+            # Where an item sits goes into the message only when one fails:
+            # formatting it for every item costs more than the check.
+            return [check(v, where) for v in value]
+        except SchemaError:
+            return [check(v, "%s[%d]" % (where, i)) for i, v in enumerate(value)]
 
 
 class MapOf(Spec):
@@ -167,9 +173,14 @@ class MapOf(Spec):
             raise SchemaError("%s has too many entries (%d, at most %d)"
                               % (where, len(value), self.max_items))
         out = {}
-        for k, v in value.items():
-            k = self.key.check(k, "%s key" % where)
-            out[k] = self.spec.check(v, "%s[%s]" % (where, k))
+        key, spec = self.key.check, self.spec.check
+        try:
+            for k, v in value.items():
+                out[key(k, where)] = spec(v, where)
+        except SchemaError:
+            for k, v in value.items():     # again, to name the entry that fails
+                k = key(k, "%s key" % where)
+                out[k] = spec(v, "%s[%s]" % (where, k))
         return out
 
 
@@ -187,17 +198,23 @@ class Rec(Spec):
     def check(self, value: "_Any", where: str) -> "_Any":
         if not isinstance(value, dict):
             raise SchemaError("%s must be a mapping, not %s" % (where, _kind(value)))
+        try:
+            return self._check(value, where, False)
+        except SchemaError:
+            return self._check(value, where, True)   # again, to name the field that fails
+
+    def _check(self, value: "Dict[str, _Any]", where: str, named: bool) -> "_Any":
         out = {}
         for k, spec in self.required.items():
             if k not in value:
                 raise SchemaError("%s: %s is missing" % (where, k))
-            out[k] = spec.check(value[k], "%s: %s" % (where, k))
+            out[k] = spec.check(value[k], "%s: %s" % (where, k) if named else where)
         for k, v in value.items():
             if k in self.required:
                 continue
             opt = self.optional.get(k)
             if opt is not None:
-                out[k] = opt.check(v, "%s: %s" % (where, k))
+                out[k] = opt.check(v, "%s: %s" % (where, k) if named else where)
             elif self.open:
                 out[k] = v
             else:

@@ -30,6 +30,8 @@ MAX_ITEMS = 1 << 20
 _U32 = struct.Struct("!I")
 _I64 = struct.Struct("!q")
 _F64 = struct.Struct("!d")
+_pack_u32 = _U32.pack
+_pack_i64 = _I64.pack
 
 
 class DecodeError(ValueError):
@@ -45,7 +47,40 @@ def dumps(value: Any) -> bytes:
 def _encode(v: Any, out: list, depth: int) -> None:
     if depth > MAX_DEPTH:
         raise ValueError("value nested too deeply")
-    if v is None:
+    t = type(v)
+    if t is str:
+        raw = v.encode("utf-8", "surrogateescape")
+        out.append(b"s" + _pack_u32(len(raw)))
+        out.append(raw)
+    elif t is dict:
+        out.append(b"m" + _pack_u32(len(v)))
+        if depth >= MAX_DEPTH:
+            for key, item in v.items():
+                _encode(key, out, depth + 1)
+                _encode(item, out, depth + 1)
+            return
+        # The common case inline (every message is a dict; environments are
+        # str to str): one call per message instead of one per value.
+        append = out.append
+        for key, item in v.items():
+            if type(key) is str:
+                raw = key.encode("utf-8", "surrogateescape")
+                append(b"s" + _pack_u32(len(raw)))
+                append(raw)
+            else:
+                _encode(key, out, depth + 1)
+            ti = type(item)
+            if ti is str:
+                raw = item.encode("utf-8", "surrogateescape")
+                append(b"s" + _pack_u32(len(raw)))
+                append(raw)
+            elif item is None:
+                append(b"N")
+            elif ti is int and -(1 << 63) <= item < (1 << 63):
+                append(b"i" + _pack_i64(item))
+            else:
+                _encode(item, out, depth + 1)
+    elif v is None:
         out.append(b"N")
     elif v is True:
         out.append(b"T")
@@ -53,26 +88,26 @@ def _encode(v: Any, out: list, depth: int) -> None:
         out.append(b"F")
     elif isinstance(v, int):
         if -(1 << 63) <= v < (1 << 63):
-            out.append(b"i" + _I64.pack(v))
+            out.append(b"i" + _pack_i64(v))
         else:
             raw = v.to_bytes((v.bit_length() + 8) // 8, "big", signed=True)
-            out.append(b"I" + _U32.pack(len(raw)) + raw)
+            out.append(b"I" + _pack_u32(len(raw)) + raw)
     elif isinstance(v, float):
         out.append(b"d" + _F64.pack(v))
     elif isinstance(v, str):
         raw = v.encode("utf-8", "surrogateescape")
-        out.append(b"s" + _U32.pack(len(raw)))
+        out.append(b"s" + _pack_u32(len(raw)))
         out.append(raw)
     elif isinstance(v, (bytes, bytearray, memoryview)):
         raw = bytes(v)
-        out.append(b"b" + _U32.pack(len(raw)))
+        out.append(b"b" + _pack_u32(len(raw)))
         out.append(raw)
     elif isinstance(v, (list, tuple)):
-        out.append(b"l" + _U32.pack(len(v)))
+        out.append(b"l" + _pack_u32(len(v)))
         for item in v:
             _encode(item, out, depth + 1)
     elif isinstance(v, dict):
-        out.append(b"m" + _U32.pack(len(v)))
+        out.append(b"m" + _pack_u32(len(v)))
         for key, item in v.items():
             _encode(key, out, depth + 1)
             _encode(item, out, depth + 1)
@@ -148,12 +183,50 @@ class _Decoder(object):
                 raise DecodeError("truncated value")
             result = {}
             value = self.value
+            if depth + 1 > MAX_DEPTH:
+                for _ in range(n):
+                    key = value(pos, depth + 1)
+                    if isinstance(key, (list, dict)):
+                        raise DecodeError("unhashable dict key")
+                    result[key] = value(self.pos, depth + 1)
+                    pos = self.pos
+                self.pos = pos
+                return result
+            # str keys and str values inline (the common case: environments);
+            # the same checks and item budget as value() itself.
             for _ in range(n):
-                key = value(pos, depth + 1)
-                if isinstance(key, (list, dict)):
-                    raise DecodeError("unhashable dict key")
-                result[key] = value(self.pos, depth + 1)
-                pos = self.pos
+                if pos < end and data[pos] == 0x73:
+                    self.budget -= 1
+                    if self.budget < 0:
+                        raise DecodeError("too many items")
+                    if pos + 5 > end:
+                        raise DecodeError("truncated value")
+                    k = _unpack_u32(data, pos + 1)[0]
+                    pos += 5
+                    if pos + k > end:
+                        raise DecodeError("truncated value")
+                    key = data[pos:pos + k].decode("utf-8", "surrogateescape")
+                    pos += k
+                else:
+                    key = value(pos, depth + 1)
+                    if isinstance(key, (list, dict)):
+                        raise DecodeError("unhashable dict key")
+                    pos = self.pos
+                if pos < end and data[pos] == 0x73:
+                    self.budget -= 1
+                    if self.budget < 0:
+                        raise DecodeError("too many items")
+                    if pos + 5 > end:
+                        raise DecodeError("truncated value")
+                    k = _unpack_u32(data, pos + 1)[0]
+                    pos += 5
+                    if pos + k > end:
+                        raise DecodeError("truncated value")
+                    result[key] = data[pos:pos + k].decode("utf-8", "surrogateescape")
+                    pos += k
+                else:
+                    result[key] = value(pos, depth + 1)
+                    pos = self.pos
             self.pos = pos
             return result
         if tag == 0x6C:  # l

@@ -20,7 +20,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 USAGE = """\
-usage: gxpc make [--local] [--joblog FILE] [MAKE-ARGUMENTS...]
+usage: gxpc make [--local | --shared] [--joblog FILE] [MAKE-ARGUMENTS...]
 
 Run GNU make here, with each recipe on one of the session's nodes (chosen by the
 head). Every other argument goes to make unchanged: -j N, -k, -n, -f FILE,
@@ -29,6 +29,9 @@ make's own. On a terminal, stderr shows a progress line (recipes done, running,
 waiting for a node; nodes busy).
 
   --local         run every recipe on this machine (plain make)
+  --shared        the working directory is on a file system every node mounts
+                  at the same path (NFS, a cluster file system): recipes run on
+                  the nodes without a GMount
   --joblog FILE   one line per recipe run on a node, tab-separated: recipe (its
                   command's first line), node, start and end (seconds since the
                   epoch), exit status, bytes of output
@@ -36,8 +39,8 @@ waiting for a node; nodes busy).
 
 Recipes run under the same directory on their node, so the working directory
 must be on the session's GMount (gxpc mount) unless every node is a local agent
-(gxpc explore --local). With no session, or no node explored, make runs here
-and says so once.
+(gxpc explore --local) or you say it is shared (--shared). With no session, or
+no node explored, make runs here and says so once.
 """
 
 # No name in here: a target is data, never a word of a command line.
@@ -52,6 +55,7 @@ class Options:
     def __init__(self) -> None:
         self.help = False
         self.local = False
+        self.shared = False
         self.joblog: Optional[str] = None
         self.make_args: List[str] = []
 
@@ -70,6 +74,8 @@ def split_own_options(args: List[str]) -> Options:
             o.help = True
         elif own and a == "--local":
             o.local = True
+        elif own and a == "--shared":
+            o.shared = True
         elif own and (a == "--joblog" or a.startswith("--joblog=")):
             if a == "--joblog":
                 if i >= len(args):
@@ -82,6 +88,8 @@ def split_own_options(args: List[str]) -> Options:
             o.joblog = a
         else:
             o.make_args.append(a)
+    if o.local and o.shared:
+        raise MakeUsage("--local and --shared exclude each other (--local runs every recipe here)")
     return o
 
 
@@ -108,9 +116,10 @@ def on_shared_mount(cwd: str, mounts: List[str]) -> bool:
     return any(cwd == m or cwd.startswith(m.rstrip("/") + "/") for m in mounts)
 
 
-def plan(stat: Dict[str, Any], cwd: str) -> str:
+def plan(stat: Dict[str, Any], cwd: str, shared: bool = False) -> str:
     """"remote", or "here" (no node but the head); raises MakeUsage when the
-    working directory is not where the nodes can see it."""
+    working directory is not where the nodes can see it (unless the user says
+    it is: `shared`)."""
     nodes = [n for n in stat.get("nodes", []) if n["state"] == "up" and n["id"] != "0"
              and not n.get("role")]
     if not nodes:
@@ -118,12 +127,13 @@ def plan(stat: Dict[str, Any], cwd: str) -> str:
     # Nodes on this very machine (local agents, or any channel that came back
     # to this host) see our files as we do.
     here = [n["hostname"] for n in stat.get("nodes", []) if n["id"] == "0"]
-    if all(n["hostname"] in here for n in nodes):
+    if shared or all(n["hostname"] in here for n in nodes):
         return "remote"
     if not on_shared_mount(cwd, stat.get("mounts", [])):
-        shared = ", ".join(stat.get("mounts", [])) or "none yet: gxpc mount EXPORT MOUNTPOINT"
+        mounts = ", ".join(stat.get("mounts", [])) or "none yet: gxpc mount EXPORT MOUNTPOINT"
         raise MakeUsage("%s is not on the session's shared mount (%s); recipes on other hosts "
-                        "would not see it. cd there, or use gxpc make --local" % (cwd, shared))
+                        "would not see it. cd there, say it is on a file system they share (gxpc make "
+                        "--shared), or use gxpc make --local" % (cwd, mounts))
     return "remote"
 
 
@@ -221,14 +231,14 @@ def main(client: Optional[Any], session_dir: str, args: List[str]) -> int:
         return 0
     joblog = open_joblog(opts.joblog) if opts.joblog else None
     try:
-        return _run(client, session_dir, local, make_args, joblog)
+        return _run(client, session_dir, local, make_args, joblog, opts.shared)
     finally:
         if joblog is not None:
             joblog.close()
 
 
 def _run(client: Optional[Any], session_dir: str, local: bool, make_args: List[str],
-         joblog: Any) -> int:
+         joblog: Any, shared: bool = False) -> int:
     argv = [make_program()]
     env = dict(os.environ)
     where = "here"
@@ -237,7 +247,7 @@ def _run(client: Optional[Any], session_dir: str, local: bool, make_args: List[s
             sys.stderr.write("gxpc make: no session (gxpc explore starts one); recipes run on this machine\n")
         else:
             stat = client.stat()
-            where = plan(stat, os.getcwd())
+            where = plan(stat, os.getcwd(), shared)
             if where == "here":
                 sys.stderr.write("gxpc make: no node explored; recipes run on this machine\n")
     if where != "remote":
