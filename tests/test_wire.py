@@ -135,9 +135,11 @@ def test_payload_built_by_the_head_is_taken_only_for_our_interpreter():
 # preamble). Measured: first stage 562 characters, payload 35 KB as source and
 # 119 KB precompiled (with nested schemas, the job watchdog and flow control);
 # the budgets leave room to grow a little, not to double, and the mount code
-# (three times the agent's own) can never fold into them.
+# (three times the agent's own) can never fold into them. Since then the node
+# side of `gxpc bcast` and posix_spawn for jobs joined: 42.3 KB as source,
+# 133 KB precompiled (docstrings left out).
 STAGE1_BUDGET = 1024
-PAYLOAD_BUDGET = {"source": 40 << 10, "precompiled": 128 << 10}
+PAYLOAD_BUDGET = {"source": 44 << 10, "precompiled": 136 << 10}
 
 
 def test_bootstrap_stays_within_its_byte_budget():
