@@ -21,6 +21,7 @@ from gxpstyle.agent import Node, remove_node_dirs, usable_cpus
 from gxpstyle.exec_service import ExecService
 from gxpstyle.explorer import ExploreService
 from gxpstyle.links import Link
+from gxpstyle.replica_catalog import ReplicaCatalog
 from gxpstyle.schema import SchemaError
 from gxpstyle.services import JobTable, Service, Verb
 
@@ -88,6 +89,9 @@ class Head(Node):
         self.pushed: Dict[str, str] = {}
         self.pushed_to: Set[str] = set()
         self.job_table = JobTable(self)
+        # Which node holds which file of the shared mount: fed by the mount
+        # service, read by placement (gxpstyle/replica_catalog.py).
+        self.catalog = ReplicaCatalog()
         self.explorer = ExploreService(self)
         self.shell = ExecService(self)
         self.services: List[Service] = [self.explorer, self.shell] + services.load_plugins(self)
@@ -235,9 +239,45 @@ class Head(Node):
             rows.append([n.id, n.name, n.hostname, n.role or n.channel, n.role, n.state, n.reason,
                          n.pid, n.user, n.python, n.parent or "", n.slots])
         result: Dict[str, Any] = {"node_fields": list(self.STAT_FIELDS), "node_rows": rows}
+        result.update(self.catalog.stat())
         for svc in self.services:
             result.update(svc.stat())
         self.reply(cid, req, 0, result)
+
+    # -- files a node changed --------------------------------------------------
+    FILES_CHANGED_WAIT = 30.0   # seconds; a service that never answers must not stall make
+
+    def files_changed(self, node: str, paths: List[str], done: Callable[[], None]) -> None:
+        """Node `node` wrote `paths`: every service acts (Service.files_changed:
+        mounts drop their kernel caches, the catalog learns sizes), and done()
+        runs once all of them have, or after FILES_CHANGED_WAIT seconds."""
+        waiting = set(range(len(self.services)))
+        state: Dict[str, Any] = {"done": False, "timer": None}
+
+        def finish() -> None:
+            if not state["done"]:
+                state["done"] = True
+                self.loop.cancel(state["timer"])
+                done()
+
+        def acted(i: int) -> None:
+            waiting.discard(i)
+            if not waiting:
+                finish()
+
+        def late() -> None:
+            if not state["done"]:
+                self.write_log("files_changed on %s: services %s did not answer in %gs" % (
+                    node, ", ".join(self.services[i].name for i in sorted(waiting)),
+                    self.FILES_CHANGED_WAIT))
+                finish()
+        state["timer"] = self.loop.call_later(self.FILES_CHANGED_WAIT, late)
+        for i, svc in enumerate(list(self.services)):
+            try:
+                svc.files_changed(node, paths, lambda i=i: acted(i))   # type: ignore[misc]
+            except Exception:
+                services.log_exception(self, "%s.files_changed" % svc.name)
+                acted(i)
 
     # -- the tree --------------------------------------------------------------
     def new_req(self) -> int:
@@ -366,6 +406,9 @@ class Head(Node):
                     self._guarded(spawned, "spawn loss", {"ok": False, "reason": "parent lost",
                                                           "info": {}, "child": child}, "")
             self.job_table.nodes_lost(lost, lambda nid: self.tree[nid].reason if nid in self.tree else "")
+            dropped = self.catalog.drop_node(lost)
+            if dropped:
+                self.write_log("lost %s: %d replicas dropped from the catalog" % (lost, dropped))
             for svc in self.services:
                 self._guarded(svc.node_lost, "%s.node_lost" % svc.name, lost, msg["reason"])
 

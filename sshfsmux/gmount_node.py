@@ -31,7 +31,7 @@ NODE_MODULES = [
     "sshfsmux.direct_files", "sshfsmux.direct_branch",
     "sshfsmux.mount_nesting", "sshfsmux.fuse_glue", "sshfsmux.merged_handles",
     "sshfsmux.merged_changes", "sshfsmux.merged_xattrs", "sshfsmux.merged_fs",
-    "sshfsmux.export_server",
+    "sshfsmux.export_server", "sshfsmux.export_scan", "sshfsmux.kernel_cache",
     "sshfsmux.gmount_node", "mfusepy",
 ]
 
@@ -112,6 +112,8 @@ def unmount(mountpoint: str) -> str:
 def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Callable[[], None]]":
     from sshfsmux.direct_branch import CALL_SECONDS, MAX_CALL_SECONDS, DirectBranch
     from sshfsmux.export_server import ExportServer
+    from sshfsmux.kernel_cache import KernelCache
+    from sshfsmux import export_scan
     from sshfsmux.fs_protocol import data_channel_key
     from sshfsmux.local_branch import LocalBranch
     from sshfsmux.replica_cache import ReplicaCache
@@ -157,6 +159,9 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
     settled = threading.Event()
 
     def on_ready() -> None:
+        # FUSE's init callback: the one place the mount's `struct fuse *` is
+        # visible, kept for the "changed" call (kernel_cache.py)
+        state["kcache"] = KernelCache.capture()
         state["up"] = True
         settled.set()
 
@@ -205,6 +210,35 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
             in_loop(reply, not err, err)
         threading.Thread(target=work, daemon=True).start()
 
+    def scan_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+        """A page of this node's export for the head's replica catalog."""
+        def work() -> None:
+            try:
+                files, more = export_scan.scan_page(export, int(args.get("offset") or 0))
+            except Exception as e:
+                in_loop(reply, False, "cannot scan %s: %s" % (export, e))
+                return
+            in_loop(reply, True, "", {"files": files, "more": more})
+        threading.Thread(target=work, daemon=True).start()
+
+    def changed_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+        """Files (relative to the mount's root) another node or this one just
+        wrote: drop this mount's kernel caches for them and, with "describe",
+        say what this node's export holds of them. Answered once done, so the
+        head can hold make's exit status until every mount has acted."""
+        rels = [str(p) for p in args.get("paths") or []]
+
+        def work() -> None:
+            try:
+                files = export_scan.describe(export, rels) if args.get("describe") else []
+                kc = state.get("kcache")
+                dropped = kc.invalidate_paths(["/" + r.lstrip("/") for r in rels]) if kc else 0
+            except Exception as e:
+                in_loop(reply, False, "cannot act on changed files: %s" % e)
+                return
+            in_loop(reply, True, "", {"files": files, "invalidated": dropped})
+        threading.Thread(target=work, daemon=True).start()
+
     def cleanup() -> None:
         state["stop"] = True
         go.set()
@@ -224,6 +258,7 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
         finally:
             settled.set()
 
-    node.role_handlers = {"mount": mount_call, "umount": umount_call}
+    node.role_handlers = {"mount": mount_call, "umount": umount_call, "scan": scan_call,
+                          "changed": changed_call}
     node.role_cleanup = cleanup
     return {"port": server.port, "addrs": own, "node": host_name}, runner
