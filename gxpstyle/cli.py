@@ -154,6 +154,11 @@ def cmd_stat(c: Client, a: argparse.Namespace) -> int:
         where = n["hostname"] if n["hostname"] == n["name"] else "%s (%s)" % (n["name"], n["hostname"])
         print("%s%s %s [%s] %s pid=%s%s" % ("  " * depth, n["id"], where, n["channel"], state,
                                               n["pid"], mark))
+    if result.get("catalog_entries") or result.get("bytes_moved"):
+        # the replica catalog (files of the shared mount the head knows the
+        # holders of) and the input bytes recipes were placed away from
+        print("catalog: %d files, %d bytes moved to recipes" % (
+            result.get("catalog_entries", 0), result.get("bytes_moved", 0)))
     return EXIT_OK
 
 
@@ -240,6 +245,24 @@ def cmd_simple(name: str) -> Any:
             return EXIT_USAGE
         return EXIT_OK
     return run
+
+
+def cmd_where(c: Client, a: argparse.Namespace) -> int:
+    """Which nodes hold each file, as the replica catalog knows it."""
+    paths = [os.path.abspath(p) for p in a.paths]
+    status, result = c.call("where", {"paths": paths})
+    if status:
+        _err(result.get("error", "where failed"))
+        return EXIT_FAILED
+    missing = False
+    for p in paths:
+        reps = result["replicas"].get(os.path.normpath(p)) or []
+        if not reps:
+            missing = True
+        # node:size, and :sha256 where the catalog knows the content's hash
+        print("%s\t%s" % (p, ",".join("%s:%d%s" % (r[0], r[1], ":" + r[3] if r[3] else "")
+                                       for r in reps) or "-"))
+    return EXIT_FAILED if missing else EXIT_OK
 
 
 def cmd_quit(c: Optional[Client], a: argparse.Namespace) -> int:
@@ -331,6 +354,8 @@ CORE: Dict[str, Verb] = {v.name: v for v in (
          check=check_cd),
     Verb("export", "environment for later commands on every node", cmd_simple("export"),
          args=[Arg("assignments", "+", metavar="VAR=VALUE")], check=check_export),
+    Verb("where", "which nodes hold each file of the shared mount (the catalog)",
+         cmd_where, args=[Arg("paths", "+", metavar="PATH")]),
     Verb("quit", "stop every agent and remove what was shipped", cmd_quit, session=OPTIONAL),
 )}
 

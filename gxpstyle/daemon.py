@@ -22,8 +22,11 @@ from gxpstyle.exec_service import ExecService
 from gxpstyle.explorer import ExploreService
 from gxpstyle.links import Link
 from gxpstyle.replica_catalog import ReplicaCatalog
-from gxpstyle.schema import SchemaError
+from gxpstyle.schema import ListOf, Rec, SchemaError, Str
 from gxpstyle.services import JobTable, Service, Verb
+
+
+WHERE_ARGS = Rec({"paths": ListOf(Str(4096, empty=False), 4096)})
 
 
 @dataclass
@@ -99,6 +102,7 @@ class Head(Node):
             "ping": (self.shell, Verb(self.req_ping)),
             "stat": (self.shell, Verb(self.req_stat)),
             "quit": (self.shell, Verb(self.req_quit)),
+            "where": (self.shell, Verb(self.req_where, WHERE_ARGS)),
         }
         for svc in self.services:
             for name, verb in svc.verbs().items():
@@ -243,6 +247,15 @@ class Head(Node):
         for svc in self.services:
             result.update(svc.stat())
         self.reply(cid, req, 0, result)
+
+    def req_where(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        """The replica catalog's holders of each path: [node name, size, mtime, hash]."""
+        out: Dict[str, List[List[Any]]] = {}
+        for p in args["paths"]:
+            p = os.path.normpath(p)
+            out[p] = [[self.tree[n].name if n in self.tree else n, s, m, h or ""]
+                      for n, (s, m, h) in sorted(self.catalog.replicas(p).items())]
+        self.reply(cid, req, 0, {"replicas": out})
 
     # -- files a node changed --------------------------------------------------
     FILES_CHANGED_WAIT = 30.0   # seconds; a service that never answers must not stall make

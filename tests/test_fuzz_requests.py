@@ -78,6 +78,7 @@ VERB_FIELDS = {
             "place": st.one_of(junk, st.sampled_from(["hard", "soft", "x"])),
             "slots": st.sampled_from([0, 1, 2, 4096, 4097, -1, "2", None]),
             "dp": st.one_of(junk, st.sampled_from(["local", "collocation:g"]))},
+    "where": {"paths": st.one_of(junk, path_like, st.just(["/tmp/x"]))},
     "settled": {"job": st.sampled_from([0, 1, -1, 1 << 63, "1", None])},
     "env": {"env": env_like},
     "explore": {"local": st.sampled_from([-3, -1, 10 ** 12, 10001, 1 << 63, "5", [], {}, None, 0.5, -0.5,

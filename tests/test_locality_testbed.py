@@ -1,0 +1,179 @@
+"""Data-aware `gxpc make` on test-bed hosts, in the session's GMount, as an
+ordinary user: a chain of stages each reading the previous stage's large output
+runs where that output is (SOFT, no annotation); GXP_ON (plain and exported)
+and GXP_PLACE=hard are obeyed, and a SOFT recipe gives up waiting after the
+delay bound; the location xattr names the holders the catalog names; the
+catalog records each output's holder, size and hash; --explain-placement says
+why.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+
+import pytest
+
+from conftest import _finish, Gxp, module_bed
+
+pytestmark = pytest.mark.testbed
+
+HOSTS = ["tl%02d" % i for i in range(1, 9)]
+MB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def bed():
+    with module_bed(HOSTS, "gxplc", fuse=True) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def mounted(bed):
+    """(session, the mountpoint): every host explored and mounted."""
+    user = next(iter(bed.users))
+    g = Gxp(bed, user, "/tmp/gxpt-%s/session" % uuid.uuid4().hex[:10])
+    tag = uuid.uuid4().hex[:6]
+    export, mnt = "/tmp/gxlexp-" + tag, "/tmp/gxlmnt-" + tag
+    try:
+        g.ok("use", "ssh", "head", "tl*")
+        g.ok("explore", *HOSTS)
+        g.ok("e", "mkdir -p %s %s" % (export, mnt))
+        g.ok("mount", export, mnt)
+        yield g, mnt
+    finally:
+        g.run("umount", mnt)
+        _finish(g)
+        for d in (export, mnt):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _as_user(g, argv, cwd=None, timeout=180, **kw):
+    return g.bed.run_as(g.user, g._in_dir(cwd, argv) if cwd else argv, env=g.env(kw.pop("env", None)),
+                        capture_output=True, timeout=timeout, **kw)
+
+
+def _workdir(g, mnt, makefile: str) -> str:
+    work = os.path.join(mnt, "loc-" + uuid.uuid4().hex[:6])
+    r = _as_user(g, ["sh", "-c", 'mkdir "$1" && cat > "$1/Makefile"', "sh", work],
+                 input=makefile.encode())
+    assert r.returncode == 0, r.stderr
+    return work
+
+
+def _read(g, path) -> bytes:
+    r = _as_user(g, ["cat", path])
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def _location(g, path) -> set:
+    r = _as_user(g, ["python3", "-c", "import os,sys; print(os.getxattr(sys.argv[1], "
+                     "'user.sshfsmux.location').decode())", path])
+    assert r.returncode == 0, r.stderr
+    return set(r.stdout.decode().strip().split(","))
+
+
+def _where(g, paths) -> dict:
+    """path -> {node name: (size, sha256)}, from `gxpc where`."""
+    r = g.run("where", *paths)
+    out = {}
+    for line in r.stdout.splitlines():
+        p, _, reps = line.partition("\t")
+        out[p] = {} if reps == "-" else {x.split(":")[0]: tuple(x.split(":")[1:]) for x in reps.split(",")}
+    return out
+
+
+# Stage 0 is made on tl03 (GXP_ON, not exported); every later stage reads the
+# previous one (8 MiB) and must run where it is, with no annotation at all.
+CHAIN = ("all: s4\ns0: GXP_ON = tl03\ns0:\n\thead -c %d /dev/urandom > $@ && hostname > $@.host\n"
+         % (8 * MB) + "".join("s%d: s%d\n\tcat $< > $@ && hostname > $@.host\n" % (i, i - 1)
+                              for i in range(1, 5)))
+
+
+def test_a_chain_runs_where_its_input_is(mounted):
+    g, mnt = mounted
+    work = _workdir(g, mnt, CHAIN)
+    try:
+        r = _as_user(g, g.argv(["make", "-j4", "--explain-placement"]), cwd=work)
+        assert r.returncode == 0, r.stderr
+        explain = r.stderr.decode()
+        hosts = {i: _read(g, os.path.join(work, "s%d.host" % i)).decode().strip() for i in range(5)}
+        assert hosts == {i: "tl03" for i in range(5)}, (hosts, explain)
+        assert "cat s3 > s4 && hostname > s4.host -> tl03: %d of %d input bytes local; " \
+               "%d bytes local, 0 fetched" % (8 * MB, 8 * MB, 8 * MB) in explain, explain
+        # the catalog: holder and size of each output, and the location xattr agrees
+        paths = [os.path.join(work, "s%d" % i) for i in range(5)]
+        where = _where(g, paths)
+        for p in paths:
+            digest = hashlib.sha256(_read(g, p)).hexdigest()
+            assert where[p] == {"tl03": (str(8 * MB), digest)}, where
+            assert _location(g, p) == set(where[p]), (p, _location(g, p), where[p])
+        assert "catalog:" in g.ok("stat").stdout
+    finally:
+        _as_user(g, ["rm", "-rf", work])
+
+
+HINTS = """\
+NPROC := $(shell nproc)
+all: on2 on4 h1 h2
+on2: GXP_ON = tl02
+on2:
+\thostname > $@
+on4: export GXP_ON = tl0[[4-4]]
+on4:
+\thostname > $@
+h0: GXP_ON = tl01
+h0:
+\thead -c %d /dev/urandom > $@
+blocker: GXP_ON = tl01
+blocker: GXP_SLOTS = $(NPROC)
+blocker: h0
+\tsleep 6; date +%%s.%%N > $@
+tick: GXP_ON = tl02
+tick: h0
+\tsleep 1
+h1: GXP_PLACE = hard
+h1: h0 tick
+\tdate +%%s.%%N > $@; hostname >> $@; cat h0 > /dev/null
+h2: h0 tick
+\tdate +%%s.%%N > $@; hostname >> $@; cat h0 > /dev/null
+""" % (4 * MB)
+
+
+def test_gxp_on_and_hard_are_obeyed_and_soft_gives_way(mounted):
+    g, mnt = mounted
+    work = _workdir(g, mnt, HINTS)
+    try:
+        # h0 first, so that tl01 holds it before the blocker takes every slot there
+        r = _as_user(g, g.argv(["make", "h0"]), cwd=work)
+        assert r.returncode == 0, r.stderr
+        r = _as_user(g, g.argv(["make", "-j8", "--explain-placement", "all", "blocker"]), cwd=work)
+        assert r.returncode == 0, r.stderr
+        explain = r.stderr.decode()
+        assert _read(g, os.path.join(work, "on2")).decode().strip() == "tl02"
+        assert _read(g, os.path.join(work, "on4")).decode().strip() == "tl04"
+        blocker_end = float(_read(g, os.path.join(work, "blocker")).decode())
+        h1_start, h1_host = _read(g, os.path.join(work, "h1")).decode().split()
+        h2_start, h2_host = _read(g, os.path.join(work, "h2")).decode().split()
+        # HARD: waited for a slot on tl01 however long; SOFT: gave up after the delay
+        assert h1_host == "tl01" and float(h1_start) >= blocker_end - 0.05, explain
+        assert h2_host != "tl01" and float(h2_start) < blocker_end, explain
+        assert "busy past" in explain, explain
+    finally:
+        _as_user(g, ["rm", "-rf", work])
+
+
+def test_a_bad_hint_fails_the_recipe_in_one_line(mounted):
+    g, mnt = mounted
+    work = _workdir(g, mnt, "x: GXP_ON = nosuch\nx:\n\ttrue\ny: GXP_PLACE = maybe\ny:\n\ttrue\n")
+    try:
+        r = _as_user(g, g.argv(["make", "-k", "x", "y"]), cwd=work)
+        err = r.stderr.decode()
+        assert r.returncode == 2, err
+        assert "GXP_ON=nosuch names no node that is up" in err, err
+        assert "GXP_PLACE=maybe: give hard or soft" in err, err
+        assert "Traceback" not in err
+    finally:
+        _as_user(g, ["rm", "-rf", work])
