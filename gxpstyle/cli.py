@@ -145,7 +145,13 @@ def cmd_stat(c: Client, a: argparse.Namespace) -> int:
     nodes = result["nodes"]
     up = sum(1 for n in nodes if n["state"] == "up")
     lost = [n for n in nodes if n["state"] == "lost"]
-    print("%d nodes up, %d lost" % (up, len(lost)))
+    catalog = ""
+    if result.get("catalog_entries") or result.get("bytes_moved"):
+        # the replica catalog (files of the shared mount whose holders the head
+        # knows) and the input bytes recipes were placed away from
+        catalog = "; catalog: %d files, %d bytes moved to recipes" % (
+            result.get("catalog_entries", 0), result.get("bytes_moved", 0))
+    print("%d nodes up, %d lost%s" % (up, len(lost), catalog))
     mask = set(result["mask"]) if result["mask"] is not None else None
     for n in nodes:
         depth = n["id"].count(".")
@@ -154,11 +160,6 @@ def cmd_stat(c: Client, a: argparse.Namespace) -> int:
         where = n["hostname"] if n["hostname"] == n["name"] else "%s (%s)" % (n["name"], n["hostname"])
         print("%s%s %s [%s] %s pid=%s%s" % ("  " * depth, n["id"], where, n["channel"], state,
                                               n["pid"], mark))
-    if result.get("catalog_entries") or result.get("bytes_moved"):
-        # the replica catalog (files of the shared mount the head knows the
-        # holders of) and the input bytes recipes were placed away from
-        print("catalog: %d files, %d bytes moved to recipes" % (
-            result.get("catalog_entries", 0), result.get("bytes_moved", 0)))
     return EXIT_OK
 
 

@@ -12,7 +12,8 @@ already holds of the recipe's inputs, and the recipe's hints:
   HARD): wait for a slot there, however long.
 - GXP_ON=NODES (a node name, a host pattern such as tb[[01-04]], a node id,
   or a mask saved by `gxpc savemask`): only those nodes; with
-  GXP_PLACE=soft, they are preferred like a data holder instead.
+  GXP_PLACE=soft, they are preferred like a data holder instead (and
+  when none of them is up, the recipe runs elsewhere).
 - GXP_SLOTS=N: the recipe takes N of a node's slots.
 - the WOSS hints on the output's directory (`setfattr -n user.sshfsmux.dp`):
   `local` makes locality HARD for the recipe; `collocation:GROUP` sends every
@@ -85,10 +86,10 @@ class Placement:
             except hostpattern.PatternError as e:
                 return Decision(None, "", error="GXP_ON=%s: %s" % (hints.on, e))
             named = [n for n in pool if match(n)]
-            if not named:
-                return Decision(None, "", error="GXP_ON=%s names no node that is up" % hints.on)
             if on_soft:
-                preferred = named
+                preferred = named        # none up: no preference left
+            elif not named:
+                return Decision(None, "", error="GXP_ON=%s names no node that is up" % hints.on)
             else:
                 pool = named
         if not any(need <= n.slots for n in pool):

@@ -327,7 +327,19 @@ class GMountService(Service):
 
     def node_lost(self, lost: str, reason: str) -> None:
         for m in self.mounts.values():
+            gone = []
             for nid, sid in list(m.services.items()):
                 if wire.is_descendant(nid, lost) and sid in self.head.tree:
                     # The host itself is gone: so is its mount.
                     self.head.tree[sid].state = "gone"
+                    gone.append(self._name(nid))
+            if not gone:
+                continue
+            # The catalog dropped its replicas (Head.op_lost); the survivors'
+            # mounts drop its branch, so that its files are absent, as the
+            # catalog says, rather than an EIO on every access.
+            for nid, sid in m.services.items():
+                svc = self.head.tree.get(sid)
+                if svc is not None and svc.state == "up" and not wire.is_descendant(nid, lost):
+                    self.head.call_service(sid, "drop_peers", {"nodes": gone},
+                                           lambda ok, error, result: None)

@@ -239,6 +239,17 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
             in_loop(reply, True, "", {"files": files, "invalidated": dropped})
         threading.Thread(target=work, daemon=True).start()
 
+    def drop_peers_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+        """Peers the head saw lost: their files leave the merged tree at once
+        (make then rebuilds what only they held) instead of failing with EIO
+        on every access. The list is replaced whole: a lookup under way keeps
+        the list it started with."""
+        gone = set(str(n) for n in args.get("nodes") or [])
+        fs = state["fs"]
+        if fs is not None:
+            fs.branches = [b for b in fs.branches if b.local or b.node not in gone]
+        reply(True, "", {})
+
     def cleanup() -> None:
         state["stop"] = True
         go.set()
@@ -259,6 +270,6 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
             settled.set()
 
     node.role_handlers = {"mount": mount_call, "umount": umount_call, "scan": scan_call,
-                          "changed": changed_call}
+                          "changed": changed_call, "drop_peers": drop_peers_call}
     node.role_cleanup = cleanup
     return {"port": server.port, "addrs": own, "node": host_name}, runner

@@ -179,14 +179,11 @@ def test_a_bad_hint_fails_the_recipe_in_one_line(mounted):
         _as_user(g, ["rm", "-rf", work])
 
 
-# Write-on-exit: tl02 looks at `data` (its kernel may now cache the size for
-# the mount's attribute timeout), tl01 appends to it, and tl02 looks again right
-# after make heard the append succeed (0.1-0.3 s later here): it must see the
-# new size. Measured: with today's libfuse default timeouts (1 s) this also
-# passed with the invalidation switched off (sshfsmux/kernel_cache.py
-# returning at once), so here it guards the ordering (outputs described and
-# every mount acked before make hears success); with the longer kernel cache
-# timeouts of the mount-speed work it guards the invalidation too.
+# Write-on-exit: tl02 looks at `data` (its kernel now caches the size for the
+# mount's attribute timeout, 1 s by libfuse's default), tl01 appends to it, and
+# tl02 looks again right after make heard the append succeed (0.1-0.3 s later
+# here): it must see the new size. Checked that it can fail: with
+# KernelCache.invalidate_paths returning at once, check0 read 5, not 1005.
 WRITE_ON_EXIT = """\
 .DELETE_ON_ERROR:
 data: GXP_ON = tl01

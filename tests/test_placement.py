@@ -53,6 +53,7 @@ def test_gxp_on_restricts_and_soft_prefers():
     d = p.decide(nodes({2: 2}), {}, 0, Hints(on="tb02", place="soft"), 0.0, 2.0, {})
     assert d.node not in (None, "0.2")
     assert p.decide(nodes(), {}, 0, Hints(on="nosuch"), 0.0, 0.0, {}).error
+    assert p.decide(nodes(), {}, 0, Hints(on="nosuch", place="soft"), 0.0, 0.0, {}).node
     assert p.decide(nodes(), {}, 0, Hints(on="[a-"), 0.0, 0.0, {}).error
 
 
