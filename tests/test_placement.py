@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from make_backend.placement import Hints, NodeView, Placement
 
+K = 1024
+
+
+def test_small_inputs_go_by_load():
+    p = Placement()
+    d = p.decide(nodes({3: 1}), {"tb03": 1000}, 1000, Hints(), 0.0, 0.0, {})
+    assert d.why == "load" and d.node != "0.3"
+
 
 def nodes(used=None, slots=2):
     used = used or {}
@@ -19,32 +27,32 @@ def test_no_bytes_known_is_load_balance():
 
 def test_the_holder_of_the_most_bytes_wins_over_load():
     p = Placement()
-    d = p.decide(nodes({3: 1}), {"tb03": 900, "tb01": 100}, 1000, Hints(), 0.0, 0.0, {})
-    assert (d.node, d.local, d.fetch) == ("0.3", 900, 100)
-    assert "900 of 1000 input bytes local" in d.why
+    d = p.decide(nodes({3: 1}), {"tb03": 900 * K, "tb01": 100 * K}, 1000 * K, Hints(), 0.0, 0.0, {})
+    assert (d.node, d.local, d.fetch) == ("0.3", 900 * K, 100 * K)
+    assert "%d of %d input bytes local" % (900 * K, 1000 * K) in d.why
 
 
 def test_soft_waits_for_the_holder_then_runs_elsewhere():
     p = Placement(delay=3.0)
     busy = nodes({3: 2})
-    d = p.decide(busy, {"tb03": 900, "tb01": 100}, 1000, Hints(), 10.0, 11.0, {})
+    d = p.decide(busy, {"tb03": 900 * K, "tb01": 100 * K}, 1000 * K, Hints(), 10.0, 11.0, {})
     assert d.node is None and d.retry_at == 13.0
-    d = p.decide(busy, {"tb03": 900, "tb01": 100}, 1000, Hints(), 10.0, 13.5, {})
-    assert d.node == "0.1" and d.fetch == 900      # the next best holder among free nodes
+    d = p.decide(busy, {"tb03": 900 * K, "tb01": 100 * K}, 1000 * K, Hints(), 10.0, 13.5, {})
+    assert d.node == "0.1" and d.fetch == 900 * K      # the next best holder among free nodes
 
 
 def test_hard_waits_however_long():
     p = Placement(delay=3.0)
-    d = p.decide(nodes({3: 2}), {"tb03": 900}, 900, Hints(place="hard"), 0.0, 1e6, {})
+    d = p.decide(nodes({3: 2}), {"tb03": 900 * K}, 900 * K, Hints(place="hard"), 0.0, 1e6, {})
     assert d.node is None and "GXP_PLACE=hard" in d.why
-    d = p.decide(nodes({3: 2}), {"tb03": 900}, 900, Hints(dp="local"), 0.0, 1e6, {})
+    d = p.decide(nodes({3: 2}), {"tb03": 900 * K}, 900 * K, Hints(dp="local"), 0.0, 1e6, {})
     assert d.node is None
 
 
 def test_gxp_on_restricts_and_soft_prefers():
     p = Placement(delay=1.0)
-    d = p.decide(nodes(), {"tb03": 900}, 900, Hints(on="tb02"), 0.0, 0.0, {})
-    assert d.node == "0.2" and d.fetch == 900
+    d = p.decide(nodes(), {"tb03": 900 * K}, 900 * K, Hints(on="tb02"), 0.0, 0.0, {})
+    assert d.node == "0.2" and d.fetch == 900 * K
     d = p.decide(nodes(), {}, 0, Hints(on="tb[[01-02]]"), 0.0, 0.0, {})
     assert d.node in ("0.1", "0.2")
     d = p.decide(nodes(), {}, 0, Hints(on="m1"), 0.0, 0.0, {"m1": {"0.4"}})
