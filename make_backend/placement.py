@@ -5,9 +5,10 @@ with the nodes that may run it, what the replica catalog says each host
 already holds of the recipe's inputs, and the recipe's hints:
 
 - no hint (SOFT, the default): the free node whose host holds the most input
-  bytes (when the inputs the catalog knows add up to LOCALITY_MIN or more); if the best holder is busy, wait up to `delay` seconds for a slot
-  there (delay scheduling), then take the free node holding the most; with
-  no input bytes known anywhere, the least busy node (load balance, as before).
+  bytes, when the inputs the catalog knows add up to LOCALITY_MIN or more; if
+  the best holder is busy, wait up to `delay` seconds for a slot there (delay
+  scheduling), then take the free node holding the most; with fewer input
+  bytes known, the least busy node (load balance, as before).
 - GXP_PLACE=hard: only the host holding the most input bytes (Hercules'
   HARD): wait for a slot there, however long.
 - GXP_ON=NODES (a node name, a host pattern such as tb[[01-04]], a node id,
