@@ -442,7 +442,7 @@ class Relay:
     def _explain(self, r: Recipe, res: Dict[str, Any]) -> None:
         self._clear_progress()
         line = "gxpc make: %s -> %s: %s; %d bytes local, %d fetched\n" % (
-            label_of(r.argv), r.name, res.get("why") or "load", int(res.get("local") or 0),
+            label_of(r.argv, 200), r.name, res.get("why") or "load", int(res.get("local") or 0),
             int(res.get("fetch") or 0))
         assert self.explain_fd is not None
         _write_all(self.explain_fd, line.encode("utf-8", "replace"))

@@ -227,3 +227,42 @@ def test_every_node_sees_an_output_once_make_hears_success(mounted):
         assert r.returncode == 1
     finally:
         _as_user(g, ["rm", "-rf", work])
+
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "pipeline")
+
+
+def test_the_pipeline_example_aligns_each_part_where_it_is(mounted):
+    """examples/pipeline on the hosts: the same files as plain make's, and
+    every align recipe ran on the host holding its part (it fetched at most
+    the shared reference)."""
+    import re
+    import tempfile
+    g, mnt = mounted
+    work = os.path.join(mnt, "pipe-" + uuid.uuid4().hex[:6])
+    plain = tempfile.mkdtemp(prefix="gxplc-", dir="/var/tmp")
+    shutil.rmtree(plain)
+    args = ["READS=40000", "REFLEN=20000", "PARTS=8"]
+    try:
+        for d in (work, plain):
+            r = _as_user(g, ["sh", "-c", 'mkdir "$1" && cp "$2"/Makefile "$2"/*.py "$1"/', "sh", d, EXAMPLE])
+            assert r.returncode == 0, r.stderr
+        r = _as_user(g, g.argv(["make", "-j16", "--explain-placement"] + args), cwd=work)
+        assert r.returncode == 0, r.stderr
+        explain = r.stderr.decode()
+        want = _as_user(g, ["make", "-j4"] + args, cwd=plain)
+        assert want.returncode == 0, want.stderr
+        assert sorted(r.stdout.splitlines()) == sorted(
+            want.stdout.replace(plain.encode(), work.encode()).splitlines())
+        for name in ("aligned.sam", "summary.txt", "ref.fa", "reads.fq"):
+            assert _read(g, os.path.join(work, name)) == _read(g, os.path.join(plain, name)), name
+        ref_size = len(_read(g, os.path.join(plain, "ref.fa")))
+        aligns = re.findall(r"align\.py ref\.fa (part\d+)\.fq > \S+ -> (\S+): .*; (\d+) bytes local, "
+                            r"(\d+) fetched", explain)
+        assert len(aligns) == 8, explain
+        for part, host, local, fetched in aligns:
+            assert int(local) > 100000 and int(fetched) <= ref_size, (part, host, explain)
+        assert len({host for _, host, _, _ in aligns}) >= 2, explain   # not all on one node
+    finally:
+        _as_user(g, ["rm", "-rf", work])
+        shutil.rmtree(plain, ignore_errors=True)
