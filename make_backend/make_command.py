@@ -42,8 +42,8 @@ files its command names (the session's replica catalog), waiting a few seconds
 for a slot there before it runs elsewhere; with nothing known, to the least busy
 node. Target-specific variables say more: `out: GXP_ON = tb03` (a node, a host
 pattern or a saved mask), `GXP_PLACE = hard` (wait for the node holding the
-data; `soft` makes GXP_ON a preference), `GXP_SLOTS = 4` (slots the recipe
-takes). A recipe succeeds, for make, once every node sees its outputs.
+data; `soft` makes GXP_ON a preference; `load` ignores the data),
+`GXP_SLOTS = 4` (slots the recipe takes). A recipe succeeds, for make, once every node sees its outputs.
 
 Recipes run under the same directory on their node, so the working directory
 must be on the session's GMount (gxpc mount) unless every node is a local agent

@@ -11,6 +11,8 @@ already holds of the recipe's inputs, and the recipe's hints:
   bytes known, the least busy node (load balance, as before).
 - GXP_PLACE=hard: only the host holding the most input bytes (Hercules'
   HARD): wait for a slot there, however long.
+- GXP_PLACE=load: by load alone, whatever the inputs (a scatter stage; also
+  the load-only arm of benchmarks/locality.py).
 - GXP_ON=NODES (a node name, a host pattern such as tb[[01-04]], a node id,
   or a mask saved by `gxpc savemask`): only those nodes; with
   GXP_PLACE=soft, they are preferred like a data holder instead (and
@@ -47,7 +49,7 @@ class NodeView:
 @dataclass
 class Hints:
     on: str = ""
-    place: str = ""           # "", "hard" or "soft"
+    place: str = ""           # "", "hard", "soft" or "load"
     slots: int = 1
     dp: str = ""              # "", "local" or "collocation:GROUP"
 
@@ -111,7 +113,8 @@ class Placement:
         if group and group in self.groups and not preferred:
             preferred = [n for n in pool if n.id == self.groups[group]]
         hard = hints.place == "hard" or hints.dp == "local"
-        if not preferred and total >= self.min_bytes and max((local(n) for n in pool), default=0) > 0:
+        if not preferred and hints.place != "load" and total >= self.min_bytes \
+                and max((local(n) for n in pool), default=0) > 0:
             best = max(local(n) for n in pool)
             preferred = [n for n in pool if local(n) == best]
         if preferred:

@@ -51,8 +51,8 @@ def hint_args(hints: Dict[str, str]) -> Dict[str, object]:
         args["on"] = hints["GXP_ON"]
     place = hints.get("GXP_PLACE", "").lower()
     if place:
-        if place not in ("hard", "soft"):
-            raise ValueError("GXP_PLACE=%s: give hard or soft" % hints["GXP_PLACE"])
+        if place not in ("hard", "soft", "load"):
+            raise ValueError("GXP_PLACE=%s: give hard, soft or load" % hints["GXP_PLACE"])
         args["place"] = place
     if "GXP_SLOTS" in hints:
         from gxpstyle import limits

@@ -173,7 +173,7 @@ def test_a_bad_hint_fails_the_recipe_in_one_line(mounted):
         err = r.stderr.decode()
         assert r.returncode == 2, err
         assert "GXP_ON=nosuch names no node that is up" in err, err
-        assert "GXP_PLACE=maybe: give hard or soft" in err, err
+        assert "GXP_PLACE=maybe: give hard, soft or load" in err, err
         assert "Traceback" not in err
     finally:
         _as_user(g, ["rm", "-rf", work])

@@ -73,3 +73,9 @@ def test_slots_and_collocation():
     first = p.decide(nodes({1: 1}), {}, 0, Hints(dp="collocation:g"), 0.0, 0.0, {}).node
     again = [p.decide(nodes(), {}, 0, Hints(dp="collocation:g"), 0.0, 0.0, {}).node for _ in range(3)]
     assert again == [first] * 3
+
+
+def test_load_ignores_the_data():
+    p = Placement()
+    d = p.decide(nodes({3: 1}), {"tb03": 900 * K}, 900 * K, Hints(place="load"), 0.0, 0.0, {})
+    assert d.why == "load" and d.node != "0.3" and d.fetch == 900 * K
