@@ -86,8 +86,9 @@ class ReplicaCatalog:
         key = path + "|" + node
         if digest:
             self._hashes[key] = digest
-        else:
-            self._hashes.pop(key, None)
+        elif not any(i == idx and s == size and int(m) == int(mtime)
+                     for i, s, m in _REC.iter_unpack(old or b"")):
+            self._hashes.pop(key, None)      # a new version: the old hash is wrong
         return True
 
     def remove(self, path: str, node: Optional[str] = None) -> None:

@@ -57,9 +57,10 @@ def _sha256(path: str) -> str:
             h.update(block)
 
 
-def describe(export: str, rels: "List[str]") -> "List[List[Any]]":
+def describe(export: str, rels: "List[str]", hashes: bool = True) -> "List[List[Any]]":
     """[rel, size, mtime, sha256 or ''] for each rel that is a regular file
-    of the export; names the export lacks are left out."""
+    of the export; names the export lacks are left out. `hashes`: hash files
+    up to HASH_LIMIT (else never)."""
     out: "List[List[Any]]" = []
     for rel in rels:
         path = os.path.join(export, rel.lstrip("/"))
@@ -67,7 +68,7 @@ def describe(export: str, rels: "List[str]") -> "List[List[Any]]":
             st = os.lstat(path)
             if not stat.S_ISREG(st.st_mode):
                 continue
-            digest = _sha256(path) if st.st_size <= HASH_LIMIT else ""
+            digest = _sha256(path) if hashes and st.st_size <= HASH_LIMIT else ""
         except OSError:
             continue
         out.append([rel, st.st_size, st.st_mtime, digest])

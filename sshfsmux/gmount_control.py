@@ -182,7 +182,27 @@ class GMountService(Service):
                 self._scan(m, nid, sid, offset + len(got), files)
             elif self.mounts.get(m.mountpoint) is m:
                 self.head.catalog.replace_tree(nid, m.mountpoint, files)
+                self._watch(m, nid, sid)
         self.head.call_service(sid, "scan", {"offset": offset}, page)
+
+    def _watch(self, m: Mount, nid: str, sid: str) -> None:
+        """Keep one `changes` call waiting on node `nid`'s mount: it answers
+        with what was written, removed or renamed through that mount, as its
+        export now holds it (a file written through a mount lands in that
+        node's export). Ends with the mount or the node."""
+        def answered(ok: bool, error: str, result: Dict[str, Any]) -> None:
+            if not ok or self.mounts.get(m.mountpoint) is not m:
+                return
+            for f in result.get("files") or []:
+                if isinstance(f, list) and len(f) == 3:
+                    self.head.catalog.add(os.path.join(m.mountpoint, str(f[0])), nid,
+                                          int(f[1]), float(f[2]))
+            for rel in result.get("gone") or []:
+                # an unlink or rename through the mount removes the name from
+                # every branch
+                self.head.catalog.remove(os.path.join(m.mountpoint, str(rel)))
+            self._watch(m, nid, sid)
+        self.head.call_service(sid, "changes", {}, answered)
 
     def _mount_of(self, path: str) -> Optional[Mount]:
         for mp, m in self.mounts.items():

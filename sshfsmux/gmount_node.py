@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from sshfsmux.branch import Branch
 
 MOUNT_WAIT = 20.0
+COALESCE = 0.3          # seconds of changes made through the mount sent as one answer
+CHANGES_PAGE = 5000     # paths an answer describes; the rest wait for the next call
+MAX_PENDING = 100000    # paths kept between answers (more: the catalog misses some)
 
 # What the head pushes to a node for this service, dependencies first.
 NODE_MODULES = [
@@ -186,6 +189,7 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
                 state["fs"] = merged_fs.MergedFS(branches, mountpoint=mountpoint, read_only=ro,
                                                  node=host_name, log=log, branch_places=places,
                                                  on_ready=on_ready)
+                state["fs"].on_change = on_change
             except OSError as e:
                 in_loop(reply, False, "cannot mount %s: %s" % (mountpoint, e.strerror or e))
                 return
@@ -205,6 +209,11 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
         threading.Thread(target=work, daemon=True).start()
 
     def umount_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+        with changes_lock:
+            waiting, changes["reply"] = changes["reply"], None
+        if waiting is not None:
+            waiting(False, "unmounted", {})
+
         def work() -> None:
             err = unmount(mountpoint) if is_mounted(mountpoint) else ""
             in_loop(reply, not err, err)
@@ -250,6 +259,49 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
             fs.branches = [b for b in fs.branches if b.local or b.node not in gone]
         reply(True, "", {})
 
+    # Changes made through this mount (a write handle closed, an unlink, a
+    # rename), for the head's replica catalog: the head keeps one "changes"
+    # call waiting here, answered once something changed (after COALESCE
+    # seconds, so that a burst is one answer).
+    changes: "Dict[str, Any]" = {"paths": set(), "reply": None, "armed": False}
+    changes_lock = threading.Lock()
+
+    def flush_changes() -> None:
+        with changes_lock:
+            changes["armed"] = False
+            reply, paths = changes["reply"], changes["paths"]
+            if reply is None or not paths:
+                return
+            changes["reply"], changes["paths"] = None, set()
+        every = sorted(p.lstrip("/") for p in paths)
+        rels = every[:CHANGES_PAGE]
+        if len(every) > CHANGES_PAGE:     # the rest go with the next answer
+            with changes_lock:
+                changes["paths"].update("/" + r for r in every[CHANGES_PAGE:])
+        files = export_scan.describe(export, rels, hashes=False)
+        held = set(f[0] for f in files)
+        reply(True, "", {"files": [f[:3] for f in files], "gone": [r for r in rels if r not in held]})
+
+    def arm() -> None:
+        with changes_lock:
+            if changes["armed"] or changes["reply"] is None or not changes["paths"]:
+                return
+            changes["armed"] = True
+        node.loop.call_later(COALESCE, flush_changes)
+
+    def on_change(path: str) -> None:      # a FUSE thread
+        with changes_lock:
+            if len(changes["paths"]) < MAX_PENDING:
+                changes["paths"].add(path)
+        node.loop.call_soon_threadsafe(arm)
+
+    def changes_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+        with changes_lock:
+            old, changes["reply"] = changes["reply"], reply
+        if old is not None:
+            old(False, "superseded", {})
+        arm()
+
     def cleanup() -> None:
         state["stop"] = True
         go.set()
@@ -270,6 +322,7 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
             settled.set()
 
     node.role_handlers = {"mount": mount_call, "umount": umount_call, "scan": scan_call,
-                          "changed": changed_call, "drop_peers": drop_peers_call}
+                          "changed": changed_call, "drop_peers": drop_peers_call,
+                          "changes": changes_call}
     node.role_cleanup = cleanup
     return {"port": server.port, "addrs": own, "node": host_name}, runner

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import time
 import uuid
 
 import pytest
@@ -235,7 +236,8 @@ EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_the_pipeline_example_aligns_each_part_where_it_is(mounted):
     """examples/pipeline on the hosts: the same files as plain make's, and
     every align recipe ran on the host holding its part (it fetched at most
-    the shared reference)."""
+    the shared reference and the script) unless that host was busy past the
+    SOFT delay, and most did."""
     import re
     import tempfile
     g, mnt = mounted
@@ -257,12 +259,41 @@ def test_the_pipeline_example_aligns_each_part_where_it_is(mounted):
         for name in ("aligned.sam", "summary.txt", "ref.fa", "reads.fq"):
             assert _read(g, os.path.join(work, name)) == _read(g, os.path.join(plain, name)), name
         ref_size = len(_read(g, os.path.join(plain, "ref.fa")))
-        aligns = re.findall(r"align\.py ref\.fa (part\d+)\.fq > \S+ -> (\S+): .*; (\d+) bytes local, "
+        aligns = re.findall(r"align\.py ref\.fa (part\d+)\.fq > \S+ -> (\S+): (.*?); (\d+) bytes local, "
                             r"(\d+) fetched", explain)
         assert len(aligns) == 8, explain
-        for part, host, local, fetched in aligns:
-            assert int(local) > 100000 and int(fetched) <= ref_size, (part, host, explain)
-        assert len({host for _, host, _, _ in aligns}) >= 2, explain   # not all on one node
+        local_runs = 0
+        for part, host, why, local, fetched in aligns:
+            # SOFT: on its part's host (fetching at most the shared reference
+            # and the script), unless that host stayed busy past the delay
+            if int(local) > 100000 and int(fetched) <= ref_size + 4096:
+                local_runs += 1
+            else:
+                assert "busy past" in why, (part, host, explain)
+        assert local_runs >= 4, explain
+        assert len({a[1] for a in aligns}) >= 2, explain   # not all on one node
     finally:
         _as_user(g, ["rm", "-rf", work])
         shutil.rmtree(plain, ignore_errors=True)
+
+
+def test_files_written_through_the_mount_reach_the_catalog(mounted):
+    """Not only recipes: what `gxpc e` writes on tl05, and then removes, is in
+    the catalog (with the writer as holder) and then gone, as the location
+    xattr says; the scan at mount time is tested by the example run."""
+    g, mnt = mounted
+    work = _workdir(g, mnt, "")
+    path = os.path.join(work, "written-on-tl05")
+    try:
+        g.ok("e", "--hosts", "tl05", "head -c 300000 /dev/zero > %s" % path)
+        deadline = time.monotonic() + 20
+        while _where(g, [path])[path] != {"tl05": ("300000",)}:
+            assert time.monotonic() < deadline, _where(g, [path])
+            time.sleep(0.2)
+        assert _location(g, path) == {"tl05"}
+        g.ok("e", "--hosts", "tl06", "rm %s" % path)
+        while _where(g, [path])[path] != {}:
+            assert time.monotonic() < deadline + 20, _where(g, [path])
+            time.sleep(0.2)
+    finally:
+        _as_user(g, ["rm", "-rf", work])

@@ -28,6 +28,8 @@ def test_a_changed_file_drops_the_stale_copies():
     c.add("/m/x", "0.2", 10, 1.0)
     c.add("/m/x", "0.3", 99, 5.0, "new")                 # rewritten on 0.3
     assert c.replicas("/m/x") == {"0.3": (99, 5.0, "new")}
+    c.add("/m/x", "0.3", 99, 5.0)                        # the same version, no hash: kept
+    assert c.replicas("/m/x") == {"0.3": (99, 5.0, "new")}
     c.remove("/m/x", "0.3")
     assert c.replicas("/m/x") == {} and len(c) == 0
 
