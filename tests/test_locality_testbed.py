@@ -297,3 +297,28 @@ def test_files_written_through_the_mount_reach_the_catalog(mounted):
             time.sleep(0.2)
     finally:
         _as_user(g, ["rm", "-rf", work])
+
+
+COLLOCATED = "".join("g%d:\n\thostname > grp/$@\n" % i for i in range(6)) + "".join(
+    "f%d:\n\thostname > free/$@\n" % i for i in range(6)) + \
+    "all: %s\n" % " ".join(["g%d" % i for i in range(6)] + ["f%d" % i for i in range(6)])
+
+
+def test_a_collocation_hint_on_a_directory_is_honoured(mounted):
+    """WOSS: `setfattr -n user.sshfsmux.dp -v collocation:g1 grp` sends every
+    recipe writing into grp to the node the first one took; recipes writing
+    elsewhere still spread by load."""
+    g, mnt = mounted
+    work = _workdir(g, mnt, COLLOCATED)
+    try:
+        r = _as_user(g, ["sh", "-c", 'mkdir grp free && python3 -c "import os; '
+                         "os.setxattr('grp', 'user.sshfsmux.dp', b'collocation:g1')\""], cwd=work)
+        assert r.returncode == 0, r.stderr
+        r = _as_user(g, g.argv(["make", "-j12", "--explain-placement", "all"]), cwd=work)
+        assert r.returncode == 0, r.stderr
+        grouped = {_read(g, os.path.join(work, "grp", "g%d" % i)).strip() for i in range(6)}
+        free = {_read(g, os.path.join(work, "free", "f%d" % i)).strip() for i in range(6)}
+        assert len(grouped) == 1, (grouped, r.stderr.decode())
+        assert len(free) >= 3, (free, r.stderr.decode())
+    finally:
+        _as_user(g, ["rm", "-rf", work])
