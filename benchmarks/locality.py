@@ -197,7 +197,7 @@ class LocalityBench(Bench):
         for row in CONFUGA_BWA:
             print("  %-18s makespan %s  %-26s %s" % row)
         print("  (their best, Auto, moves the 265 MB reference by push and pulls the split parts: "
-              "31%% faster than all pulls)")
+              "31% faster than all pulls)")
         for line in self.noticed_lines():
             print(line)
 

@@ -133,7 +133,8 @@ class Placement:
                                 retry_at=waited_since + self.delay)
             others = [n for n in pool if free(n)] or pool
             best = max(local(n) for n in others)
-            pick = self._least_busy([n for n in others if local(n) == best])
+            # the next best holder, if it holds enough to matter; else by load
+            pick = self._least_busy([n for n in others if local(n) == best or best < self.min_bytes])
             return self._take(pick, "%s busy past %gs; load" % (preferred[0].names[0], self.delay),
                               held, total, group)
         return self._take(self._least_busy(pool), "load" if not hints.on else

@@ -79,3 +79,10 @@ def test_load_ignores_the_data():
     p = Placement()
     d = p.decide(nodes({3: 1}), {"tb03": 900 * K}, 900 * K, Hints(place="load"), 0.0, 0.0, {})
     assert d.why == "load" and d.node != "0.3" and d.fetch == 900 * K
+
+
+def test_a_spill_goes_by_load_when_nobody_else_holds_much():
+    p = Placement(delay=1.0)
+    picks = {p.decide(nodes({3: 2}), {"tb03": 900 * K, "tb01": 10}, 900 * K, Hints(), 0.0, 5.0, {}).node
+             for _ in range(6)}
+    assert "0.3" not in picks and len(picks) >= 2
