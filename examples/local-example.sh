@@ -28,5 +28,13 @@ mkdir "$top/mnt/wordcount"
 cp "$here/wordcount/Makefile" "$top/mnt/wordcount/"
 (cd "$top/mnt/wordcount" && gxpc make -j 8)
 (cd "$top/mnt/wordcount" && gxpc make -s clean)
+# A bioinformatics-shaped pipeline (split reads, align each part against a
+# shared reference, merge): each recipe says where it ran and why, and the
+# replica catalog knows who holds each output (local agents share one host).
+mkdir "$top/mnt/pipeline"
+cp "$here/pipeline/Makefile" "$here/pipeline/simulate.py" "$here/pipeline/align.py" "$top/mnt/pipeline/"
+(cd "$top/mnt/pipeline" && gxpc make -j 8 --explain-placement)
+gxpc where "$top/mnt/pipeline/reads.fq" "$top/mnt/pipeline/summary.txt"
+gxpc stat | head -1
 gxpc umount
 echo "example: done" >&2

@@ -145,7 +145,13 @@ def cmd_stat(c: Client, a: argparse.Namespace) -> int:
     nodes = result["nodes"]
     up = sum(1 for n in nodes if n["state"] == "up")
     lost = [n for n in nodes if n["state"] == "lost"]
-    print("%d nodes up, %d lost" % (up, len(lost)))
+    catalog = ""
+    if result.get("catalog_entries") or result.get("bytes_moved"):
+        # the replica catalog (files of the shared mount whose holders the head
+        # knows) and the input bytes recipes were placed away from
+        catalog = "; catalog: %d files, %d bytes moved to recipes" % (
+            result.get("catalog_entries", 0), result.get("bytes_moved", 0))
+    print("%d nodes up, %d lost%s" % (up, len(lost), catalog))
     mask = set(result["mask"]) if result["mask"] is not None else None
     for n in nodes:
         depth = n["id"].count(".")
@@ -292,6 +298,24 @@ def cmd_bcast(c: Client, a: argparse.Namespace) -> int:
     return EXIT_FAILED if result.get("failed") else EXIT_OK
 
 
+def cmd_where(c: Client, a: argparse.Namespace) -> int:
+    """Which nodes hold each file, as the replica catalog knows it."""
+    paths = [os.path.abspath(p) for p in a.paths]
+    status, result = c.call("where", {"paths": paths})
+    if status:
+        _err(result.get("error", "where failed"))
+        return EXIT_FAILED
+    missing = False
+    for p in paths:
+        reps = result["replicas"].get(os.path.normpath(p)) or []
+        if not reps:
+            missing = True
+        # node:size, and :sha256 where the catalog knows the content's hash
+        print("%s\t%s" % (p, ",".join("%s:%d%s" % (r[0], r[1], ":" + r[3] if r[3] else "")
+                                       for r in reps) or "-"))
+    return EXIT_FAILED if missing else EXIT_OK
+
+
 def cmd_quit(c: Optional[Client], a: argparse.Namespace) -> int:
     if c is None:
         # Nothing answers. If a daemon died there (killed, out of memory), its
@@ -393,6 +417,8 @@ CORE: Dict[str, Verb] = {v.name: v for v in (
          options=[Opt(("--mask", "-m"), metavar="NAME", help="copy to a saved mask"),
                   Opt(("--hosts",), metavar="PATTERN", help="only nodes whose name matches"),
                   Opt(("--verbose", "-v"), "flag", "print the plan and the time taken")]),
+    Verb("where", "which nodes hold each file of the shared mount (the catalog)",
+         cmd_where, args=[Arg("paths", "+", metavar="PATH")]),
     Verb("quit", "stop every agent and remove what was shipped", cmd_quit, session=OPTIONAL),
 )}
 

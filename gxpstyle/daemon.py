@@ -22,8 +22,12 @@ from gxpstyle.bcast_service import BcastService
 from gxpstyle.exec_service import ExecService
 from gxpstyle.explorer import ExploreService
 from gxpstyle.links import Link
-from gxpstyle.schema import SchemaError
+from gxpstyle.replica_catalog import ReplicaCatalog
+from gxpstyle.schema import ListOf, Rec, SchemaError, Str
 from gxpstyle.services import JobTable, Service, Verb
+
+
+WHERE_ARGS = Rec({"paths": ListOf(Str(4096, empty=False), 4096)})
 
 
 @dataclass
@@ -89,6 +93,9 @@ class Head(Node):
         self.pushed: Dict[str, str] = {}
         self.pushed_to: Set[str] = set()
         self.job_table = JobTable(self)
+        # Which node holds which file of the shared mount: fed by the mount
+        # service, read by placement (gxpstyle/replica_catalog.py).
+        self.catalog = ReplicaCatalog()
         self.explorer = ExploreService(self)
         self.shell = ExecService(self)
         self.bcast = BcastService(self)
@@ -98,6 +105,7 @@ class Head(Node):
             "ping": (self.shell, Verb(self.req_ping)),
             "stat": (self.shell, Verb(self.req_stat)),
             "quit": (self.shell, Verb(self.req_quit)),
+            "where": (self.shell, Verb(self.req_where, WHERE_ARGS)),
         }
         for svc in self.services:
             for name, verb in svc.verbs().items():
@@ -238,9 +246,54 @@ class Head(Node):
             rows.append([n.id, n.name, n.hostname, n.role or n.channel, n.role, n.state, n.reason,
                          n.pid, n.user, n.python, n.parent or "", n.slots])
         result: Dict[str, Any] = {"node_fields": list(self.STAT_FIELDS), "node_rows": rows}
+        result.update(self.catalog.stat())
         for svc in self.services:
             result.update(svc.stat())
         self.reply(cid, req, 0, result)
+
+    def req_where(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        """The replica catalog's holders of each path: [node name, size, mtime, hash]."""
+        out: Dict[str, List[List[Any]]] = {}
+        for p in args["paths"]:
+            p = os.path.normpath(p)
+            out[p] = [[self.tree[n].name if n in self.tree else n, s, m, h or ""]
+                      for n, (s, m, h) in sorted(self.catalog.replicas(p).items())]
+        self.reply(cid, req, 0, {"replicas": out})
+
+    # -- files a node changed --------------------------------------------------
+    FILES_CHANGED_WAIT = 30.0   # seconds; a service that never answers must not stall make
+
+    def files_changed(self, node: str, paths: List[str], done: Callable[[], None]) -> None:
+        """Node `node` wrote `paths`: every service acts (Service.files_changed:
+        mounts drop their kernel caches, the catalog learns sizes), and done()
+        runs once all of them have, or after FILES_CHANGED_WAIT seconds."""
+        waiting = set(range(len(self.services)))
+        state: Dict[str, Any] = {"done": False, "timer": None}
+
+        def finish() -> None:
+            if not state["done"]:
+                state["done"] = True
+                self.loop.cancel(state["timer"])
+                done()
+
+        def acted(i: int) -> None:
+            waiting.discard(i)
+            if not waiting:
+                finish()
+
+        def late() -> None:
+            if not state["done"]:
+                self.write_log("files_changed on %s: services %s did not answer in %gs" % (
+                    node, ", ".join(self.services[i].name for i in sorted(waiting)),
+                    self.FILES_CHANGED_WAIT))
+                finish()
+        state["timer"] = self.loop.call_later(self.FILES_CHANGED_WAIT, late)
+        for i, svc in enumerate(list(self.services)):
+            try:
+                svc.files_changed(node, paths, lambda i=i: acted(i))   # type: ignore[misc]
+            except Exception:
+                services.log_exception(self, "%s.files_changed" % svc.name)
+                acted(i)
 
     # -- the tree --------------------------------------------------------------
     def new_req(self) -> int:
@@ -375,6 +428,9 @@ class Head(Node):
                     self._guarded(spawned, "spawn loss", {"ok": False, "reason": "parent lost",
                                                           "info": {}, "child": child}, "")
             self.job_table.nodes_lost(lost, lambda nid: self.tree[nid].reason if nid in self.tree else "")
+            dropped = self.catalog.drop_node(lost)
+            if dropped:
+                self.write_log("lost %s: %d replicas dropped from the catalog" % (lost, dropped))
             for svc in self.services:
                 self._guarded(svc.node_lost, "%s.node_lost" % svc.name, lost, msg["reason"])
 

@@ -67,6 +67,14 @@ class Service:
         """Fields added to `gxpc stat`'s reply."""
         return {}
 
+    def files_changed(self, node: str, paths: List[str], done: Callable[[], None]) -> None:
+        """Node `node` just wrote (or removed) `paths` (absolute, as users see
+        them on the nodes). A service that caches what these files look like
+        (a mount's kernel caches, the replica catalog's sizes) acts, then
+        calls done() exactly once; Head.files_changed waits for every
+        service's done before it answers. The default acts on nothing."""
+        done()
+
 
 def load_plugins(head: "Head") -> List[Service]:
     """Services registered by installed packages (entry points), by name order.

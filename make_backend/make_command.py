@@ -20,7 +20,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 USAGE = """\
-usage: gxpc make [--local | --shared] [--joblog FILE] [MAKE-ARGUMENTS...]
+usage: gxpc make [--local | --shared] [--joblog FILE] [--explain-placement] [MAKE-ARGUMENTS...]
 
 Run GNU make here, with each recipe on one of the session's nodes (chosen by the
 head). Every other argument goes to make unchanged: -j N, -k, -n, -f FILE,
@@ -35,7 +35,18 @@ waiting for a node; nodes busy).
   --joblog FILE   one line per recipe run on a node, tab-separated: recipe (its
                   command's first line), node, start and end (seconds since the
                   epoch), exit status, bytes of output
+  --explain-placement
+                  a line per recipe on stderr: the node it runs on, why (input
+                  bytes already there, load, a hint), input bytes it fetches
   -h, --help      show this help
+
+Placement: a recipe goes to the node whose host already holds the most of the
+files its command names (the session's replica catalog), waiting a few seconds
+for a slot there before it runs elsewhere; with nothing known, to the least busy
+node. Target-specific variables say more: `out: GXP_ON = tb03` (a node, a host
+pattern or a saved mask), `GXP_PLACE = hard` (wait for the node holding the
+data; `soft` makes GXP_ON a preference; `load` ignores the data),
+`GXP_SLOTS = 4` (slots the recipe takes). A recipe succeeds, for make, once every node sees its outputs.
 
 Recipes run under the same directory on their node, so the working directory
 must be on the session's GMount (gxpc mount) unless every node is a local agent
@@ -44,6 +55,7 @@ no node explored, make runs here and says so once.
 """
 
 # No name in here: a target is data, never a word of a command line.
+HINT_VARS = ("GXP_ON", "GXP_PLACE", "GXP_SLOTS")   # recipe_files.HINT_VARS
 JOB_SHELL_FLAGS = "-m make_backend.job_shell $(if $@,--recipe) -c"
 
 
@@ -57,6 +69,7 @@ class Options:
         self.local = False
         self.shared = False
         self.joblog: Optional[str] = None
+        self.explain = False
         self.make_args: List[str] = []
 
 
@@ -74,8 +87,7 @@ def split_own_options(args: List[str]) -> Options:
             o.help = True
         elif own and a == "--local":
             o.local = True
-        elif own and a == "--shared":
-            o.shared = True
+usage: gxpc make [--local | --shared] [--joblog FILE] [--explain-placement] [MAKE-ARGUMENTS...]
         elif own and (a == "--joblog" or a.startswith("--joblog=")):
             if a == "--joblog":
                 if i >= len(args):
@@ -231,14 +243,14 @@ def main(client: Optional[Any], session_dir: str, args: List[str]) -> int:
         return 0
     joblog = open_joblog(opts.joblog) if opts.joblog else None
     try:
-        return _run(client, session_dir, local, make_args, joblog, opts.shared)
+usage: gxpc make [--local | --shared] [--joblog FILE] [--explain-placement] [MAKE-ARGUMENTS...]
     finally:
         if joblog is not None:
             joblog.close()
 
 
 def _run(client: Optional[Any], session_dir: str, local: bool, make_args: List[str],
-         joblog: Any, shared: bool = False) -> int:
+usage: gxpc make [--local | --shared] [--joblog FILE] [--explain-placement] [MAKE-ARGUMENTS...]
     argv = [make_program()]
     env = dict(os.environ)
     where = "here"
@@ -268,7 +280,11 @@ def _run(client: Optional[Any], session_dir: str, local: bool, make_args: List[s
     try:
         path = os.path.join(tmp, "relay")
         progress = sys.stderr.fileno() if os.isatty(sys.stderr.fileno()) else None
-        relay = Relay(client, path, joblog, progress)
+        relay = Relay(client, path, joblog, progress, sys.stderr.fileno() if explain else None)
+        for var in HINT_VARS:
+            # make exports a variable that came from its environment, so
+            # `out: GXP_ON = tb03` reaches the recipe without `export`
+            env.setdefault(var, "")
         hook_env(env, make, hook[0], hook[1], path)
         return run_make(argv + make_args, env, relay.serve)
     finally:

@@ -1,28 +1,54 @@
 """`gxpc make` on the head: the `job` verb, one recipe at a time.
 
 The job shell (make_backend/job_shell.py) asks for a node for each recipe; the
-scheduler (scheduler.py) picks it and the recipe runs there like one node's
-share of `gxpc e`, in this service's own books: make's recipes never change
-what `gxpc smask` selects. A service of the core (gxpstyle/services.py).
+placement (placement.py: input bytes from the replica catalog against load,
+hints) picks it and the recipe runs there like one node's share of `gxpc e`,
+in this service's own books: make's recipes never change what `gxpc smask`
+selects. A recipe whose best node is busy waits here (delay scheduling), its
+reply held. When a recipe ends, the mounts act on its files (Head.files_changed:
+caches dropped everywhere, outputs into the catalog) before the `settled`
+verb answers, so make hears a success only once every node sees the outputs
+complete. A service of the core (gxpstyle/services.py).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Set, Tuple
 
-from gxpstyle.schema import Bool, ListOf, MapOf, Opt, Rec, Str
+from gxpstyle.schema import Bool, Int, ListOf, MapOf, Opt, Rec, Str
 from gxpstyle.services import Service, Verb
+from make_backend.placement import Hints, NodeView, Placement
 from make_backend.scheduler import MakeScheduler
 
 _PATH = Str(1 << 16)
 _ENV = MapOf(Opt(Str(1 << 20)), 1 << 14)
 # `env` in a job: what differs from the make's environment (ENV_ARGS), None
-# for a variable the recipe does not have.
+# for a variable the recipe does not have. `inputs`: the paths the recipe's
+# command names (recipe_files.py); `on`, `place`, `slots`, `dp`: its hints.
 JOB_ARGS = Rec({"cmd": Str(1 << 20)},
                {"cwd": Opt(Str(4096)), "env": _ENV,
                 "target": _PATH, "inputs": ListOf(_PATH, 1 << 16),
-                "avoid": ListOf(Str(200), 4096), "stdin": Bool()})
+                "avoid": ListOf(Str(200), 4096), "stdin": Bool(),
+                "on": Str(4096), "place": Str(8), "slots": Int(1, 4096), "dp": Str(200)})
 # Once per make (per client): the environment most of its recipes share.
 ENV_ARGS = Rec({"env": _ENV})
+SETTLED_ARGS = Rec({"job": Int(0, 1 << 62)})
+
+
+@dataclass
+class Waiting:
+    cid: str
+    req: int
+    args: Dict[str, Any]
+    since: float
+    why: str = ""
+
+
+@dataclass
+class Settling:
+    acted: bool = False
+    req: Optional[int] = None
 
 
 class MakeService(Service):
@@ -31,10 +57,16 @@ class MakeService(Service):
     def __init__(self, head: Any) -> None:
         super().__init__(head)
         self.scheduler = MakeScheduler()
+        self.placement = Placement()
         self.envs: Dict[str, Dict[str, Optional[str]]] = {}   # client -> its make's environment
+        self.waiting: List[Waiting] = []
+        self.paths: Dict[Tuple[str, int], List[str]] = {}     # running recipe -> its paths
+        self.settling: Dict[Tuple[str, int], Settling] = {}
+        self._timer: Optional[int] = None
 
     def verbs(self) -> Dict[str, Verb]:
-        return {"job": Verb(self.req_job, JOB_ARGS), "env": Verb(self.req_env, ENV_ARGS)}
+        return {"job": Verb(self.req_job, JOB_ARGS), "env": Verb(self.req_env, ENV_ARGS),
+                "settled": Verb(self.req_settled, SETTLED_ARGS)}
 
     def req_env(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         self.envs[cid] = dict(args["env"])
@@ -42,27 +74,122 @@ class MakeService(Service):
 
     def client_closed(self, client: str) -> None:
         self.envs.pop(client, None)
+        self.waiting = [w for w in self.waiting if w.cid != client]
+        for key in [k for k in self.settling if k[0] == client]:
+            del self.settling[key]
 
+    def stat(self) -> Dict[str, Any]:
+        return {"make_waiting": len(self.waiting)}
+
+    # -- placement -----------------------------------------------------------------
     def req_job(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        """One recipe: pick the node, reply with it, then run it there."""
+        """One recipe: place it (or hold it until its node has a slot), then run it."""
+        w = Waiting(cid, req, args, time.monotonic())
+        if not self._try(w):
+            self.waiting.append(w)
+            self._arm()
+
+    def _try(self, w: Waiting) -> bool:
+        """Place and start `w`; False if it must wait."""
         head = self.head
+        args = w.args
         avoid = set(args.get("avoid") or [])
         nodes = [n for n in head.shell.select_nodes({}) if n not in avoid]
-        nid = self.scheduler.pick([(n, head.tree[n].slots) for n in nodes])
-        if nid is None:
-            head.reply(cid, req, 1, {"error": "no node is up to run the recipe"})
+        if not nodes:
+            head.reply(w.cid, w.req, 1, {"error": "no node is up to run the recipe"})
+            return True
+        slots = int(args.get("slots") or 1)
+        views = [NodeView(n, head.tree[n].names(), head.tree[n].hostname, head.tree[n].slots,
+                          self.scheduler.running.get(n, 0)) for n in nodes]
+        held_by_node, total = head.catalog.bytes_by_node(args.get("inputs") or [])
+        held: Dict[str, int] = {}
+        for holder, nbytes in held_by_node.items():
+            info = head.tree.get(holder)
+            if info is not None and info.state == "up":
+                held[info.hostname] = held.get(info.hostname, 0) + nbytes
+        hints = Hints(on=str(args.get("on") or ""), place=str(args.get("place") or ""),
+                      slots=slots, dp=str(args.get("dp") or ""))
+        d = self.placement.decide(views, held, total, hints, w.since, time.monotonic(),
+                                  head.shell.saved_masks)
+        if d.error:
+            head.reply(w.cid, w.req, 1, {"error": d.error})
+            return True
+        if d.node is None:
+            w.why = d.why
+            return False
+        head.catalog.bytes_moved += d.fetch
+        self._run(w.cid, w.req, args, d.node, slots,
+                  {"why": d.why, "local": d.local, "fetch": d.fetch})
+        return True
+
+    def _arm(self) -> None:
+        """Retry the waiting recipes when the first SOFT delay runs out."""
+        if self._timer is not None or not self.waiting:
             return
+
+        def fire() -> None:
+            self._timer = None
+            self._retry()
+        self._timer = self.head.loop.call_later(self.placement.delay / 4.0, fire)
+
+    def _retry(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for w in waiting:
+            if not self._try(w):
+                self.waiting.append(w)
+        self._arm()
+
+    def _run(self, cid: str, req: int, args: Dict[str, Any], nid: str, slots: int,
+             why: Dict[str, Any]) -> None:
+        head = self.head
         name = head.tree[nid].name
         env: Dict[str, Optional[str]] = head.shell.base_env()
         env.update(self.envs.get(cid, {}))
         env.update(args.get("env") or {})
         env.update({"GXP_NODE_ID": nid, "GXP_HOSTNAME": name})
         job = head.job_table.new_id()
+        paths = list(args.get("inputs") or [])
+        settle = bool(paths)
         # The reply goes first: the client learns the job id before its output.
-        head.reply(cid, req, 0, {"job": job, "node": nid, "name": name})
-        self.scheduler.started((cid, job), nid)
+        head.reply(cid, req, 0, dict(why, job=job, node=nid, name=name, settle=settle))
+        if settle:
+            self.paths[(cid, job)] = paths
+            self.settling[(cid, job)] = Settling()
+        self.scheduler.started((cid, job), nid, slots)
         head.job_table.start(self, cid, job, [nid], args["cmd"], lambda n, i: env,
                              lambda n: args.get("cwd"), stdin=bool(args.get("stdin")))
 
+    # -- write-on-exit ---------------------------------------------------------------
     def job_done(self, client: str, job: int, node: str, status: int, error: str) -> None:
-        self.scheduler.finished((client, job))
+        key = (client, job)
+        self.scheduler.finished(key)
+        paths = self.paths.pop(key, None)
+        if paths is not None and status == 0:
+            # a success counts once every mount shows its files as they are
+            self.head.files_changed(node, paths, lambda: self._acted(key))
+        elif paths is not None:
+            # a failed recipe's partial outputs never enter the catalog
+            self._acted(key)
+        if self.waiting:
+            self._retry()
+
+    def _acted(self, key: Tuple[str, int]) -> None:
+        s = self.settling.get(key)
+        if s is None:
+            return
+        s.acted = True
+        if s.req is not None:
+            del self.settling[key]
+            self.head.reply(key[0], s.req, 0, {})
+
+    def req_settled(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        key = (cid, args["job"])
+        s = self.settling.get(key)
+        if s is None or s.acted:
+            self.settling.pop(key, None)
+            self.head.reply(cid, req, 0, {})
+            return
+        s.req = req
+
+    def running_nodes(self) -> Set[str]:
+        return set(self.scheduler.running)

@@ -26,6 +26,7 @@ import struct
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from make_backend import recipe_files
 from make_backend.job_shell import HOST_BOUND
 
 EXIT_NO_RUN = 127
@@ -129,13 +130,15 @@ class Recipe:
         self.out_bytes = 0
         self.want_stdin = False             # make gave it a stdin worth reading
         self.stdin = False                  # which we are reading for the job now
+        self.settle = False                 # the head acts on its files before its exit counts
+        self.exit: Optional[Tuple[int, str]] = None   # the exit, held until the head says settled
 
 
 class Relay:
     """Serves gxpmake-job clients on `path` until make exits."""
 
     def __init__(self, client: Any, path: str, joblog: Any = None,
-                 progress_fd: Optional[int] = None) -> None:
+                 progress_fd: Optional[int] = None, explain_fd: Optional[int] = None) -> None:
         self.c = client                      # gxpstyle.client.Client, connected
         self.path = path
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -161,6 +164,9 @@ class Relay:
         self.base_env: Optional[Dict[str, Optional[str]]] = None   # sent once (`env` verb)
         self.out = bytearray()               # frames to the head, sent once per poll round
         self.env_diffs: Dict[bytes, Dict[str, Optional[str]]] = {}
+        self.block_hints: Dict[bytes, Dict[str, Any]] = {}   # placement hints (recipe_files.py)
+        self.dir_hints = recipe_files.DirHints()
+        self.explain_fd = explain_fd         # --explain-placement: a line per recipe there
 
     # -- clients ----------------------------------------------------------------
     def _pause_accept(self) -> None:
@@ -301,11 +307,23 @@ class Relay:
             self._finish(r, EXIT_NO_RUN, str(e))
             return
         args: Dict[str, Any] = {"cmd": node_command(r.argv), "cwd": r.cwd, "env": env, "avoid": r.avoid}
+        args.update(self._placement_fields(r, args["cmd"]))
         if r.fds and self._wants_stdin(r.fds[0]):
             r.want_stdin = args["stdin"] = True
         r.req = self._request("job", args)
         self.by_req[r.req] = r
         r.started = time.time()
+
+    def _placement_fields(self, r: Recipe, cmd: str) -> Dict[str, Any]:
+        """The recipe's paths and hints for the head's placement (recipe_files.py)."""
+        out: Dict[str, Any] = dict(self.block_hints.get(r.env_block) or {})
+        paths = recipe_files.command_paths(cmd, r.cwd)
+        if paths:
+            out["inputs"] = paths
+        dp, _ = self.dir_hints.of(paths, r.cwd)
+        if dp:
+            out["dp"] = dp
+        return out
 
     def _env_diff(self, block: bytes) -> Dict[str, Optional[str]]:
         """What this recipe's environment changes from the make's (sent once):
@@ -315,6 +333,10 @@ class Relay:
             return diff
         env = parse_env(block)
         check_env(env)
+        hints = recipe_files.hint_args(recipe_files.split_hints(env))
+        if len(self.block_hints) >= 16:
+            self.block_hints.clear()
+        self.block_hints[block] = hints
         if self.base_env is None:
             # The node's agent has the environment the session started with: a
             # variable make does not export (unexport, or unset since) is unset.
@@ -370,11 +392,17 @@ class Relay:
             if r is None:
                 return
             r.req = None
+            if r.exit is not None:        # the head has acted on the recipe's files
+                self._finish(r, *r.exit)
+                return
             if msg["status"]:
                 self._finish(r, EXIT_NO_RUN, msg["result"].get("error", "no node for the recipe"))
                 return
             res = msg["result"]
             r.node, r.job, r.name = res["node"], res["job"], res["name"]
+            r.settle = bool(res.get("settle"))
+            if self.explain_fd is not None:
+                self._explain(r, res)
             self.by_job[r.job] = r
             if r.want_stdin and not r.stdin and r.fds:
                 r.stdin = True
@@ -402,7 +430,22 @@ class Relay:
                 r.node = r.job = None
                 self._submit(r)
                 return
+            if r.settle:
+                # write-on-exit: make hears the status once every mount shows
+                # the recipe's files as they are now (make_service.py)
+                r.exit = (msg["status"], error)
+                r.req = self._request("settled", {"job": r.job})
+                self.by_req[r.req] = r
+                return
             self._finish(r, msg["status"], error)
+
+    def _explain(self, r: Recipe, res: Dict[str, Any]) -> None:
+        self._clear_progress()
+        line = "gxpc make: %s -> %s: %s; %d bytes local, %d fetched\n" % (
+            label_of(r.argv, 200), r.name, res.get("why") or "load", int(res.get("local") or 0),
+            int(res.get("fetch") or 0))
+        assert self.explain_fd is not None
+        _write_all(self.explain_fd, line.encode("utf-8", "replace"))
 
     def _say(self, r: Recipe, text: str) -> None:
         self._clear_progress()
@@ -455,7 +498,10 @@ class Relay:
         self.out = bytearray()
         self.poll.unregister(self.c.sock.fileno())
         for r in list(self.by_req.values()) + list(self.by_job.values()):
-            self._finish(r, EXIT_NO_RUN, why)
+            if r.exit is not None:     # it ran; only the settling is lost
+                self._finish(r, *r.exit)
+            else:
+                self._finish(r, EXIT_NO_RUN, why)
 
     # -- the loop -----------------------------------------------------------------
     def serve(self, done_fd: int) -> None:

@@ -1,10 +1,10 @@
 """The head's choice of node for each `gxpc make` recipe.
 
 GNU make decides *what* runs and *when* (the DAG, -j); the head decides *where*.
-Today the rule is load balance only: the node with the lowest share of its slots
-busy, ties going round the nodes in turn, so that a -j N make spreads over every
-node instead of piling onto the first. Locality (prefer the node that holds the
-most input bytes) comes with the replica catalog.
+These are the books (slots each node's recipes take); the choice itself,
+input bytes from the replica catalog against load, is placement.py's.
+`pick` is the load-only rule (the node with the lowest share of its slots
+busy, ties going round the nodes in turn).
 
 Head-only; no I/O here: the daemon sends the messages.
 """
@@ -15,8 +15,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 class MakeScheduler:
     def __init__(self) -> None:
-        self.running: Dict[str, int] = {}            # node id -> recipes running there
+        self.running: Dict[str, int] = {}            # node id -> slots its recipes take
         self.jobs: Dict[Tuple[str, int], str] = {}   # (client, job) -> node id
+        self.slots: Dict[Tuple[str, int], int] = {}  # (client, job) -> slots (GXP_SLOTS), if not 1
         self._turn = 0
 
     def pick(self, candidates: Sequence[Tuple[str, int]]) -> Optional[str]:
@@ -34,14 +35,16 @@ class MakeScheduler:
                 best, best_load = nid, load
         return best
 
-    def started(self, key: Tuple[str, int], nid: str) -> None:
+    def started(self, key: Tuple[str, int], nid: str, slots: int = 1) -> None:
         self.jobs[key] = nid
-        self.running[nid] = self.running.get(nid, 0) + 1
+        if slots != 1:
+            self.slots[key] = slots
+        self.running[nid] = self.running.get(nid, 0) + slots
 
     def finished(self, key: Tuple[str, int]) -> None:
         nid = self.jobs.pop(key, None)
         if nid is not None:
-            left = self.running.get(nid, 1) - 1
+            left = self.running.get(nid, 1) - self.slots.pop(key, 1)
             if left > 0:
                 self.running[nid] = left
             else:

@@ -165,6 +165,106 @@ class GMountService(Service):
             self.mounts.pop(m.mountpoint, None)
         self.head.reply(m.client, m.req, 1 if m.failed else 0,
                         {"mounted": sorted(m.mounted), "failed": m.failed})
+        for nid, sid in m.services.items():
+            self._scan(m, nid, sid, 0, [])
+
+    # -- the replica catalog (gxpstyle/replica_catalog.py) ---------------------
+    def _scan(self, m: Mount, nid: str, sid: str, offset: int, files: List[Any]) -> None:
+        """Feed the catalog with what node `nid` exports, a page at a time,
+        keyed by the paths users see under the mountpoint."""
+        def page(ok: bool, error: str, result: Dict[str, Any]) -> None:
+            if not ok:
+                self.head.write_log("gmount: scan of %s: %s" % (self._name(nid), error))
+                return
+            got = [(str(f[0]), int(f[1]), float(f[2])) for f in result.get("files") or []
+                   if isinstance(f, list) and len(f) == 3]
+            files.extend(got)
+            if result.get("more") and got and self.mounts.get(m.mountpoint) is m:
+                self._scan(m, nid, sid, offset + len(got), files)
+            elif self.mounts.get(m.mountpoint) is m:
+                self.head.catalog.replace_tree(nid, m.mountpoint, files)
+                self._watch(m, nid, sid)
+        self.head.call_service(sid, "scan", {"offset": offset}, page)
+
+    def _watch(self, m: Mount, nid: str, sid: str) -> None:
+        """Keep one `changes` call waiting on node `nid`'s mount: it answers
+        with what was written, removed or renamed through that mount, as its
+        export now holds it (a file written through a mount lands in that
+        node's export). Ends with the mount or the node."""
+        def answered(ok: bool, error: str, result: Dict[str, Any]) -> None:
+            if not ok or self.mounts.get(m.mountpoint) is not m:
+                return
+            for f in result.get("files") or []:
+                if isinstance(f, list) and len(f) == 3:
+                    self.head.catalog.add(os.path.join(m.mountpoint, str(f[0])), nid,
+                                          int(f[1]), float(f[2]))
+            for rel in result.get("gone") or []:
+                # an unlink or rename through the mount removes the name from
+                # every branch
+                self.head.catalog.remove(os.path.join(m.mountpoint, str(rel)))
+            self._watch(m, nid, sid)
+        self.head.call_service(sid, "changes", {}, answered)
+
+    def _mount_of(self, path: str) -> Optional[Mount]:
+        for mp, m in self.mounts.items():
+            if mount_nesting.inside(path, mp) and path != mp:
+                return m
+        return None
+
+    def files_changed(self, node: str, paths: List[str], done: Callable[[], None]) -> None:
+        """Write-on-exit: every live mount drops its kernel caches for `paths`
+        and the mount of the host that ran the recipe (it holds what the
+        recipe wrote: creates land in the local export) describes them for
+        the catalog; done() once every mount has answered (or is lost)."""
+        by_mount: Dict[str, List[str]] = {}
+        for p in paths:
+            found = self._mount_of(os.path.normpath(p))
+            if found is not None:
+                by_mount.setdefault(found.mountpoint, []).append(
+                    os.path.relpath(os.path.normpath(p), found.mountpoint))
+        pending: Set[Any] = set()
+        host = self.head.tree[node].hostname if node in self.head.tree else ""
+
+        def acted(key: Any) -> None:
+            pending.discard(key)
+            if not pending:
+                done()
+
+        calls = []
+        for mp, rels in by_mount.items():
+            m = self.mounts[mp]
+            for nid, sid in m.services.items():
+                svc = self.head.tree.get(sid)
+                if svc is None or svc.state != "up":
+                    continue
+                holder = self.head.tree[nid].hostname == host
+                calls.append((m, nid, sid, rels, holder))
+                pending.add(sid)
+        if not pending:
+            done()
+            return
+        for m, nid, sid, rels, holder in calls:
+            def answered(ok: bool, error: str, result: Dict[str, Any], m: Mount = m,
+                         nid: str = nid, sid: str = sid, rels: List[str] = rels,
+                         holder: bool = holder) -> None:
+                if ok and holder:
+                    self._record(m, nid, rels, result.get("files") or [])
+                elif not ok:
+                    self.head.write_log("gmount: %s: changed files: %s" % (self._name(nid), error))
+                acted(sid)
+            self.head.call_service(sid, "changed", {"paths": rels, "describe": holder}, answered)
+
+    def _record(self, m: Mount, nid: str, rels: List[str], files: List[Any]) -> None:
+        seen = set()
+        for f in files:
+            if not (isinstance(f, list) and len(f) == 4):
+                continue
+            path = os.path.join(m.mountpoint, str(f[0]))
+            seen.add(str(f[0]))
+            self.head.catalog.add(path, nid, int(f[1]), float(f[2]), str(f[3]) or None)
+        for rel in rels:
+            if rel not in seen:   # not a file here (removed, or a directory)
+                self.head.catalog.remove(os.path.join(m.mountpoint, rel), nid)
 
     # -- umount --------------------------------------------------------------------
     def request_umount(self, cid: str, req: int, args: Dict[str, Any]) -> None:
@@ -196,6 +296,7 @@ class GMountService(Service):
 
         for m in targets:
             self.mounts.pop(m.mountpoint, None)
+            self.head.catalog.forget_tree(m.mountpoint)
             for nid, sid in m.services.items():
                 node = self.head.tree.get(sid)
                 host = self.head.tree.get(nid)
@@ -247,7 +348,19 @@ class GMountService(Service):
 
     def node_lost(self, lost: str, reason: str) -> None:
         for m in self.mounts.values():
+            gone = []
             for nid, sid in list(m.services.items()):
                 if wire.is_descendant(nid, lost) and sid in self.head.tree:
                     # The host itself is gone: so is its mount.
                     self.head.tree[sid].state = "gone"
+                    gone.append(self._name(nid))
+            if not gone:
+                continue
+            # The catalog dropped its replicas (Head.op_lost); the survivors'
+            # mounts drop its branch, so that its files are absent, as the
+            # catalog says, rather than an EIO on every access.
+            for nid, sid in m.services.items():
+                svc = self.head.tree.get(sid)
+                if svc is not None and svc.state == "up" and not wire.is_descendant(nid, lost):
+                    self.head.call_service(sid, "drop_peers", {"nodes": gone},
+                                           lambda ok, error, result: None)

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from sshfsmux.branch import Branch
 
 MOUNT_WAIT = 20.0
+COALESCE = 0.3          # seconds of changes made through the mount sent as one answer
+CHANGES_PAGE = 5000     # paths an answer describes; the rest wait for the next call
+MAX_PENDING = 100000    # paths kept between answers (more: the catalog misses some)
 
 # What the head pushes to a node for this service, dependencies first.
 NODE_MODULES = [
@@ -31,7 +34,7 @@ NODE_MODULES = [
     "sshfsmux.direct_files", "sshfsmux.direct_branch",
     "sshfsmux.mount_nesting", "sshfsmux.fuse_glue", "sshfsmux.merged_handles",
     "sshfsmux.merged_changes", "sshfsmux.merged_xattrs", "sshfsmux.merged_fs",
-    "sshfsmux.export_server",
+    "sshfsmux.export_server", "sshfsmux.export_scan", "sshfsmux.kernel_cache",
     "sshfsmux.gmount_node", "mfusepy",
 ]
 
@@ -120,6 +123,8 @@ def unmount(mountpoint: str) -> str:
 def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Callable[[], None]]":
     from sshfsmux.direct_branch import CALL_SECONDS, MAX_CALL_SECONDS, DirectBranch
     from sshfsmux.export_server import ExportServer
+    from sshfsmux.kernel_cache import KernelCache
+    from sshfsmux import export_scan
     from sshfsmux.fs_protocol import data_channel_key
     from sshfsmux.local_branch import LocalBranch
     from sshfsmux.replica_cache import ReplicaCache
@@ -169,6 +174,9 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
     settled = threading.Event()
 
     def on_ready() -> None:
+        # FUSE's init callback: the one place the mount's `struct fuse *` is
+        # visible, kept for the "changed" call (kernel_cache.py)
+        state["kcache"] = KernelCache.capture()
         state["up"] = True
         settled.set()
 
@@ -193,6 +201,7 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
                 state["fs"] = merged_fs.MergedFS(branches, mountpoint=mountpoint, read_only=ro,
                                                  node=host_name, log=log, branch_places=places,
                                                  on_ready=on_ready)
+                state["fs"].on_change = on_change
             except OSError as e:
                 in_loop(reply, False, "cannot mount %s: %s" % (mountpoint, e.strerror or e))
                 return
@@ -212,10 +221,98 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
         threading.Thread(target=work, daemon=True).start()
 
     def umount_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+        with changes_lock:
+            waiting, changes["reply"] = changes["reply"], None
+        if waiting is not None:
+            waiting(False, "unmounted", {})
+
         def work() -> None:
             err = unmount(mountpoint) if is_mounted(mountpoint) else ""
             in_loop(reply, not err, err)
         threading.Thread(target=work, daemon=True).start()
+
+    def scan_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+        """A page of this node's export for the head's replica catalog."""
+        def work() -> None:
+            try:
+                files, more = export_scan.scan_page(export, int(args.get("offset") or 0))
+            except Exception as e:
+                in_loop(reply, False, "cannot scan %s: %s" % (export, e))
+                return
+            in_loop(reply, True, "", {"files": files, "more": more})
+        threading.Thread(target=work, daemon=True).start()
+
+    def changed_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+        """Files (relative to the mount's root) another node or this one just
+        wrote: drop this mount's kernel caches for them and, with "describe",
+        say what this node's export holds of them. Answered once done, so the
+        head can hold make's exit status until every mount has acted."""
+        rels = [str(p) for p in args.get("paths") or []]
+
+        def work() -> None:
+            try:
+                files = export_scan.describe(export, rels) if args.get("describe") else []
+                kc = state.get("kcache")
+                dropped = kc.invalidate_paths(["/" + r.lstrip("/") for r in rels]) if kc else 0
+            except Exception as e:
+                in_loop(reply, False, "cannot act on changed files: %s" % e)
+                return
+            in_loop(reply, True, "", {"files": files, "invalidated": dropped})
+        threading.Thread(target=work, daemon=True).start()
+
+    def drop_peers_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+        """Peers the head saw lost: their files leave the merged tree at once
+        (make then rebuilds what only they held) instead of failing with EIO
+        on every access. The list is replaced whole: a lookup under way keeps
+        the list it started with."""
+        gone = set(str(n) for n in args.get("nodes") or [])
+        fs = state["fs"]
+        if fs is not None:
+            fs.branches = [b for b in fs.branches if b.local or b.node not in gone]
+        reply(True, "", {})
+
+    # Changes made through this mount (a write handle closed, an unlink, a
+    # rename), for the head's replica catalog: the head keeps one "changes"
+    # call waiting here, answered once something changed (after COALESCE
+    # seconds, so that a burst is one answer).
+    changes: "Dict[str, Any]" = {"paths": set(), "reply": None, "armed": False}
+    changes_lock = threading.Lock()
+
+    def flush_changes() -> None:
+        with changes_lock:
+            changes["armed"] = False
+            reply, paths = changes["reply"], changes["paths"]
+            if reply is None or not paths:
+                return
+            changes["reply"], changes["paths"] = None, set()
+        every = sorted(p.lstrip("/") for p in paths)
+        rels = every[:CHANGES_PAGE]
+        if len(every) > CHANGES_PAGE:     # the rest go with the next answer
+            with changes_lock:
+                changes["paths"].update("/" + r for r in every[CHANGES_PAGE:])
+        files = export_scan.describe(export, rels, hashes=False)
+        held = set(f[0] for f in files)
+        reply(True, "", {"files": [f[:3] for f in files], "gone": [r for r in rels if r not in held]})
+
+    def arm() -> None:
+        with changes_lock:
+            if changes["armed"] or changes["reply"] is None or not changes["paths"]:
+                return
+            changes["armed"] = True
+        node.loop.call_later(COALESCE, flush_changes)
+
+    def on_change(path: str) -> None:      # a FUSE thread
+        with changes_lock:
+            if len(changes["paths"]) < MAX_PENDING:
+                changes["paths"].add(path)
+        node.loop.call_soon_threadsafe(arm)
+
+    def changes_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+        with changes_lock:
+            old, changes["reply"] = changes["reply"], reply
+        if old is not None:
+            old(False, "superseded", {})
+        arm()
 
     def cleanup() -> None:
         state["stop"] = True
@@ -237,6 +334,8 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
         finally:
             settled.set()
 
-    node.role_handlers = {"mount": mount_call, "umount": umount_call}
+    node.role_handlers = {"mount": mount_call, "umount": umount_call, "scan": scan_call,
+                          "changed": changed_call, "drop_peers": drop_peers_call,
+                          "changes": changes_call}
     node.role_cleanup = cleanup
     return {"port": server.port, "addrs": own, "node": host_name}, runner

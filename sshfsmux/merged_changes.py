@@ -34,6 +34,7 @@ class NameChanges:
         def _writable(self) -> None: ...
         def _listing(self, path: str, v: Optional[View] = None) -> List[str]: ...
         def _note(self, b: Branch, e: OSError) -> None: ...
+        def _changed(self, path: str) -> None: ...
 
     # -- changes of names ----------------------------------------------
     def _ensure_parents(self, b: Branch, path: str) -> None:
@@ -171,6 +172,7 @@ class NameChanges:
                     continue   # a hidden non-empty directory of that name stays
                 first = first or e
         self._drop_hints(path)
+        self._changed(path)
         if first is not None:
             raise first
         return 0
@@ -252,6 +254,8 @@ class NameChanges:
             self._ensure_parents(b, new)
             b.rename(old, new)
         self._move_hints(old, new)
+        self._changed(old)
+        self._changed(new)
         return 0
 
     # -- hints table (for names held by non-local branches) -------------

@@ -105,6 +105,9 @@ class MergedFS(NameChanges, Xattrs, Operations):
             self._virtual[BRANCHES_PATH] = ("\n".join(places) + "\n").encode("utf-8", "surrogateescape")
         self.on_ready = on_ready
         self.fuse_handle = 0        # struct fuse *, known once mounted (init)
+        # called with a path after a write handle closes, an unlink or a
+        # rename (the GMount service tells the head's replica catalog)
+        self.on_change: "Optional[Callable[[str], None]]" = None
         self.uid, self.gid = os.getuid(), os.getgid()
         self.started_ns = time.time_ns()
         writable = [b for b in self.branches if b.writable]
@@ -116,6 +119,14 @@ class MergedFS(NameChanges, Xattrs, Operations):
         self._hints: "Dict[str, Dict[str, bytes]]" = {}
         self._conflicts_logged: set = set()
         self._branch_errors_logged: set = set()
+
+    def _changed(self, path: str) -> None:
+        cb = self.on_change
+        if cb is not None:
+            try:
+                cb(path)
+            except Exception:
+                pass
 
     # -- lifecycle -----------------------------------------------------
     def init_with_config(self, conn: "Any", config: "Any") -> None:
@@ -514,6 +525,8 @@ class MergedFS(NameChanges, Xattrs, Operations):
             h = self._handles.pop(fh, None)
         if h is not None:
             h.close()
+            if isinstance(h, MultiWriteHandle):
+                self._changed(h.path)
         return 0
 
 

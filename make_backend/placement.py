@@ -1,0 +1,156 @@
+"""Where a recipe runs: its inputs' bytes against the nodes' load.
+
+The make service (make_service.py) asks `Placement.decide` for each recipe
+with the nodes that may run it, what the replica catalog says each host
+already holds of the recipe's inputs, and the recipe's hints:
+
+- no hint (SOFT, the default): the free node whose host holds the most input
+  bytes, when the inputs the catalog knows add up to LOCALITY_MIN or more; if
+  the best holder is busy, wait up to `delay` seconds for a slot there (delay
+  scheduling), then take the free node holding the most; with fewer input
+  bytes known, the least busy node (load balance, as before).
+- GXP_PLACE=hard: only the host holding the most input bytes (Hercules'
+  HARD): wait for a slot there, however long.
+- GXP_PLACE=load: by load alone, whatever the inputs (a scatter stage; also
+  the load-only arm of benchmarks/locality.py).
+- GXP_ON=NODES (a node name, a host pattern such as tb[[01-04]], a node id,
+  or a mask saved by `gxpc savemask`): only those nodes; with
+  GXP_PLACE=soft, they are preferred like a data holder instead (and
+  when none of them is up, the recipe runs elsewhere).
+- GXP_SLOTS=N: the recipe takes N of a node's slots.
+- the WOSS hints on the output's directory (`setfattr -n user.sshfsmux.dp`):
+  `local` makes locality HARD for the recipe; `collocation:GROUP` sends every
+  recipe of GROUP after the first to the node the first one took (SOFT).
+
+Head-only; no I/O: the service sends the messages.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+from gxpstyle import hostpattern
+
+DELAY = 3.0        # seconds a SOFT recipe waits for a slot next to its data
+# Inputs smaller than this go by load: fetching 64 KiB costs a few ms even at
+# 100 Mbit/s, less than piling small recipes onto one node costs.
+LOCALITY_MIN = 64 << 10
+
+
+@dataclass
+class NodeView:
+    id: str
+    names: List[str]          # explored name, hostname, short hostname
+    host: str
+    slots: int
+    used: int                 # slots taken by running recipes
+
+
+@dataclass
+class Hints:
+    on: str = ""
+    place: str = ""           # "", "hard", "soft" or "load"
+    slots: int = 1
+    dp: str = ""              # "", "local" or "collocation:GROUP"
+
+
+@dataclass
+class Decision:
+    node: Optional[str]       # None: wait (retry when a slot frees or at `retry_at`)
+    why: str
+    local: int = 0            # input bytes already on the chosen node's host
+    fetch: int = 0            # input bytes it will read from other hosts
+    error: str = ""           # the recipe cannot run at all (a hint no node meets)
+    retry_at: Optional[float] = None
+
+
+@dataclass
+class Placement:
+    delay: float = DELAY
+    min_bytes: int = LOCALITY_MIN
+    groups: Dict[str, str] = field(default_factory=dict)   # collocation group -> node id
+    _turn: int = 0
+
+    def matcher(self, on: str, masks: Dict[str, "set[str]"]) -> Callable[[NodeView], bool]:
+        """Which nodes GXP_ON names (PatternError for a bad pattern)."""
+        if on in masks:
+            chosen = masks[on]
+            return lambda n: n.id in chosen
+        pat = hostpattern.compile_pattern(on)   # cheap: compiled once per decision
+        return lambda n: n.id == on or any(pat.match(x) for x in n.names)
+
+    def decide(self, nodes: Sequence[NodeView], held: Dict[str, int], total: int, hints: Hints,
+               waited_since: float, now: float, masks: Dict[str, "set[str]"]) -> Decision:
+        """`held`: input bytes by host (from the catalog); `total`: the inputs'
+        size the catalog knows; `waited_since`: when this recipe first asked."""
+        need = max(1, hints.slots)
+        pool = list(nodes)
+        on_soft = bool(hints.on) and hints.place == "soft"
+        preferred: List[NodeView] = []
+        if hints.on:
+            try:
+                match = self.matcher(hints.on, masks)
+            except hostpattern.PatternError as e:
+                return Decision(None, "", error="GXP_ON=%s: %s" % (hints.on, e))
+            named = [n for n in pool if match(n)]
+            if on_soft:
+                preferred = named        # none up: no preference left
+            elif not named:
+                return Decision(None, "", error="GXP_ON=%s names no node that is up" % hints.on)
+            else:
+                pool = named
+        if not any(need <= n.slots for n in pool):
+            return Decision(None, "", error="GXP_SLOTS=%d: no node has that many slots" % need)
+        pool = [n for n in pool if need <= n.slots]
+
+        def free(n: NodeView) -> bool:
+            return n.used + need <= n.slots
+
+        def local(n: NodeView) -> int:
+            return held.get(n.host, 0)
+
+        group = hints.dp[len("collocation:"):] if hints.dp.startswith("collocation:") else ""
+        if group and group in self.groups and not preferred:
+            preferred = [n for n in pool if n.id == self.groups[group]]
+        hard = hints.place == "hard" or hints.dp == "local"
+        if not preferred and hints.place != "load" and total >= self.min_bytes \
+                and max((local(n) for n in pool), default=0) > 0:
+            best = max(local(n) for n in pool)
+            preferred = [n for n in pool if local(n) == best]
+        if preferred:
+            why_pref = ("GXP_ON=%s" % hints.on if on_soft else
+                        "collocation %s" % group if group and group in self.groups else
+                        "%d of %d input bytes local" % (local(preferred[0]), total))
+            ready = [n for n in preferred if free(n)]
+            if ready:
+                return self._take(self._least_busy(ready), why_pref, held, total, group)
+            if hard:
+                return Decision(None, "waiting for %s (%s)" % (
+                    preferred[0].names[0], "GXP_PLACE=hard" if hints.place == "hard"
+                    else "dp=local"))
+            if now - waited_since < self.delay:
+                return Decision(None, "waiting up to %gs for %s" % (self.delay, preferred[0].names[0]),
+                                retry_at=waited_since + self.delay)
+            others = [n for n in pool if free(n)] or pool
+            best = max(local(n) for n in others)
+            # the next best holder, if it holds enough to matter; else by load
+            pick = self._least_busy([n for n in others if local(n) == best or best < self.min_bytes])
+            return self._take(pick, "%s busy past %gs; load" % (preferred[0].names[0], self.delay),
+                              held, total, group)
+        return self._take(self._least_busy(pool), "load" if not hints.on else
+                          "GXP_ON=%s, load" % hints.on, held, total, group)
+
+    def _least_busy(self, nodes: Sequence[NodeView]) -> NodeView:
+        """Lowest share of slots used; ties go round the nodes in turn."""
+        n = len(nodes)
+        start = self._turn % n
+        self._turn += 1
+        return min((nodes[(start + i) % n] for i in range(n)),
+                   key=lambda x: x.used / float(max(1, x.slots)))
+
+    def _take(self, n: NodeView, why: str, held: Dict[str, int], total: int,
+              group: str) -> Decision:
+        if group and group not in self.groups:
+            self.groups[group] = n.id
+        here = held.get(n.host, 0)
+        return Decision(n.id, why, local=here, fetch=max(0, total - here))

@@ -1,0 +1,323 @@
+"""Data-aware `gxpc make` on test-bed hosts, in the session's GMount, as an
+ordinary user: a chain of stages each reading the previous stage's large output
+runs where that output is (SOFT, no annotation); GXP_ON (plain and exported)
+and GXP_PLACE=hard are obeyed, and a SOFT recipe gives up waiting after the
+delay bound; the location xattr names the holders the catalog names; the
+catalog records each output's holder, size and hash; --explain-placement says
+why.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+import uuid
+
+import pytest
+
+from conftest import _finish, Gxp, module_bed
+
+pytestmark = pytest.mark.testbed
+
+HOSTS = ["tl%02d" % i for i in range(1, 9)]
+MB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def bed():
+    with module_bed(HOSTS, "gxplc", fuse=True) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def mounted(bed):
+    """(session, the mountpoint): every host explored and mounted."""
+    user = next(iter(bed.users))
+    g = Gxp(bed, user, "/tmp/gxpt-%s/session" % uuid.uuid4().hex[:10])
+    tag = uuid.uuid4().hex[:6]
+    export, mnt = "/tmp/gxlexp-" + tag, "/tmp/gxlmnt-" + tag
+    try:
+        g.ok("use", "ssh", "head", "tl*")
+        g.ok("explore", *HOSTS)
+        g.ok("e", "mkdir -p %s %s" % (export, mnt))
+        g.ok("mount", export, mnt)
+        yield g, mnt
+    finally:
+        g.run("umount", mnt)
+        _finish(g)
+        for d in (export, mnt):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _as_user(g, argv, cwd=None, timeout=180, **kw):
+    return g.bed.run_as(g.user, g._in_dir(cwd, argv) if cwd else argv, env=g.env(kw.pop("env", None)),
+                        capture_output=True, timeout=timeout, **kw)
+
+
+def _workdir(g, mnt, makefile: str) -> str:
+    work = os.path.join(mnt, "loc-" + uuid.uuid4().hex[:6])
+    r = _as_user(g, ["sh", "-c", 'mkdir "$1" && cat > "$1/Makefile"', "sh", work],
+                 input=makefile.encode())
+    assert r.returncode == 0, r.stderr
+    return work
+
+
+def _read(g, path) -> bytes:
+    r = _as_user(g, ["cat", path])
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def _location(g, path) -> set:
+    r = _as_user(g, ["python3", "-c", "import os,sys; print(os.getxattr(sys.argv[1], "
+                     "'user.sshfsmux.location').decode())", path])
+    assert r.returncode == 0, r.stderr
+    return set(r.stdout.decode().strip().split(","))
+
+
+def _where(g, paths) -> dict:
+    """path -> {node name: (size, sha256)}, from `gxpc where`."""
+    r = g.run("where", *paths)
+    out = {}
+    for line in r.stdout.splitlines():
+        p, _, reps = line.partition("\t")
+        out[p] = {} if reps == "-" else {x.split(":")[0]: tuple(x.split(":")[1:]) for x in reps.split(",")}
+    return out
+
+
+# Stage 0 is made on tl03 (GXP_ON, not exported); every later stage reads the
+# previous one (8 MiB) and must run where it is, with no annotation at all.
+CHAIN = ("all: s4\ns0: GXP_ON = tl03\ns0:\n\thead -c %d /dev/urandom > $@ && hostname > $@.host\n"
+         % (8 * MB) + "".join("s%d: s%d\n\tcat $< > $@ && hostname > $@.host\n" % (i, i - 1)
+                              for i in range(1, 5)))
+
+
+def test_a_chain_runs_where_its_input_is(mounted):
+    g, mnt = mounted
+    work = _workdir(g, mnt, CHAIN)
+    try:
+        r = _as_user(g, g.argv(["make", "-j4", "--explain-placement"]), cwd=work)
+        assert r.returncode == 0, r.stderr
+        explain = r.stderr.decode()
+        hosts = {i: _read(g, os.path.join(work, "s%d.host" % i)).decode().strip() for i in range(5)}
+        assert hosts == {i: "tl03" for i in range(5)}, (hosts, explain)
+        assert "cat s3 > s4 && hostname > s4.host -> tl03: %d of %d input bytes local; " \
+               "%d bytes local, 0 fetched" % (8 * MB, 8 * MB, 8 * MB) in explain, explain
+        # the catalog: holder and size of each output, and the location xattr agrees
+        paths = [os.path.join(work, "s%d" % i) for i in range(5)]
+        where = _where(g, paths)
+        for p in paths:
+            digest = hashlib.sha256(_read(g, p)).hexdigest()
+            assert where[p] == {"tl03": (str(8 * MB), digest)}, where
+            assert _location(g, p) == set(where[p]), (p, _location(g, p), where[p])
+        assert "catalog:" in g.ok("stat").stdout
+    finally:
+        _as_user(g, ["rm", "-rf", work])
+
+
+HINTS = """\
+NPROC := $(shell nproc)
+all: on2 on4 h1 h2
+on2: GXP_ON = tl02
+on2:
+\thostname > $@
+on4: export GXP_ON = tl0[[4-4]]
+on4:
+\thostname > $@
+h0: GXP_ON = tl01
+h0:
+\thead -c %d /dev/urandom > $@
+blocker: GXP_ON = tl01
+blocker: GXP_SLOTS = $(NPROC)
+blocker: h0
+\tsleep 6; date +%%s.%%N > $@
+tick: GXP_ON = tl02
+tick: h0
+\tsleep 1
+h1: GXP_PLACE = hard
+h1: h0 tick
+\tdate +%%s.%%N > $@; hostname >> $@; cat h0 > /dev/null
+h2: h0 tick
+\tdate +%%s.%%N > $@; hostname >> $@; cat h0 > /dev/null
+""" % (4 * MB)
+
+
+def test_gxp_on_and_hard_are_obeyed_and_soft_gives_way(mounted):
+    g, mnt = mounted
+    work = _workdir(g, mnt, HINTS)
+    try:
+        # h0 first, so that tl01 holds it before the blocker takes every slot there
+        r = _as_user(g, g.argv(["make", "h0"]), cwd=work)
+        assert r.returncode == 0, r.stderr
+        r = _as_user(g, g.argv(["make", "-j8", "--explain-placement", "all", "blocker"]), cwd=work)
+        assert r.returncode == 0, r.stderr
+        explain = r.stderr.decode()
+        assert _read(g, os.path.join(work, "on2")).decode().strip() == "tl02"
+        assert _read(g, os.path.join(work, "on4")).decode().strip() == "tl04"
+        blocker_end = float(_read(g, os.path.join(work, "blocker")).decode())
+        h1_start, h1_host = _read(g, os.path.join(work, "h1")).decode().split()
+        h2_start, h2_host = _read(g, os.path.join(work, "h2")).decode().split()
+        # HARD: waited for a slot on tl01 however long; SOFT: gave up after the delay
+        assert h1_host == "tl01" and float(h1_start) >= blocker_end - 0.05, explain
+        assert h2_host != "tl01" and float(h2_start) < blocker_end, explain
+        assert "busy past" in explain, explain
+    finally:
+        _as_user(g, ["rm", "-rf", work])
+
+
+def test_a_bad_hint_fails_the_recipe_in_one_line(mounted):
+    g, mnt = mounted
+    work = _workdir(g, mnt, "x: GXP_ON = nosuch\nx:\n\ttrue\ny: GXP_PLACE = maybe\ny:\n\ttrue\n")
+    try:
+        r = _as_user(g, g.argv(["make", "-k", "x", "y"]), cwd=work)
+        err = r.stderr.decode()
+        assert r.returncode == 2, err
+        assert "GXP_ON=nosuch names no node that is up" in err, err
+        assert "GXP_PLACE=maybe: give hard, soft or load" in err, err
+        assert "Traceback" not in err
+    finally:
+        _as_user(g, ["rm", "-rf", work])
+
+
+# Write-on-exit: tl02 looks at `data` (its kernel now caches the size for the
+# mount's attribute timeout, 1 s by libfuse's default), tl01 appends to it, and
+# tl02 looks again right after make heard the append succeed (0.1-0.3 s later
+# here): it must see the new size. Checked that it can fail: with
+# KernelCache.invalidate_paths returning at once, check0 read 5, not 1005.
+WRITE_ON_EXIT = """\
+.DELETE_ON_ERROR:
+data: GXP_ON = tl01
+data:
+\tprintf 12345 > $@
+""" + "".join("""\
+look{i}: GXP_ON = tl02
+look{i}: {prev}
+\tstat -c %s data > look{i}
+grow{i}: GXP_ON = tl01
+grow{i}: look{i}
+\thead -c 1000 /dev/zero >> data && echo > grow{i}
+check{i}: GXP_ON = tl02
+check{i}: grow{i}
+\tstat -c %s data > check{i}
+""".format(i=i, prev="data" if i == 0 else "check%d" % (i - 1)) for i in range(5)) + """\
+broken: GXP_ON = tl01
+broken:
+\thead -c 100000 /dev/zero > $@; exit 3
+"""
+
+
+def test_every_node_sees_an_output_once_make_hears_success(mounted):
+    g, mnt = mounted
+    work = _workdir(g, mnt, WRITE_ON_EXIT)
+    try:
+        r = _as_user(g, g.argv(["make", "check4"]), cwd=work)
+        assert r.returncode == 0, r.stderr
+        for i in range(5):
+            look = int(_read(g, os.path.join(work, "look%d" % i)))
+            check = int(_read(g, os.path.join(work, "check%d" % i)))
+            assert (look, check) == (5 + 1000 * i, 5 + 1000 * (i + 1)), i
+        where = _where(g, [os.path.join(work, "data")])
+        assert list(where.values())[0]["tl01"][0] == str(5 + 5000), where
+        # a failed recipe's partial output never enters the catalog, and make
+        # still deletes it (.DELETE_ON_ERROR)
+        r = _as_user(g, g.argv(["make", "broken"]), cwd=work)
+        assert r.returncode == 2 and b"Deleting file 'broken'" in r.stderr, r.stderr
+        assert _where(g, [os.path.join(work, "broken")]) == {os.path.join(work, "broken"): {}}
+        r = _as_user(g, ["test", "-e", os.path.join(work, "broken")])
+        assert r.returncode == 1
+    finally:
+        _as_user(g, ["rm", "-rf", work])
+
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "pipeline")
+
+
+def test_the_pipeline_example_aligns_each_part_where_it_is(mounted):
+    """examples/pipeline on the hosts: the same files as plain make's, and
+    the splits ran where the reads are (HARD in the makefile) and every align
+    recipe on the host holding its part (fetching at most the shared
+    reference and the script) unless that host was busy past the SOFT delay."""
+    import re
+    import tempfile
+    g, mnt = mounted
+    work = os.path.join(mnt, "pipe-" + uuid.uuid4().hex[:6])
+    plain = tempfile.mkdtemp(prefix="gxplc-", dir="/var/tmp")
+    shutil.rmtree(plain)
+    args = ["READS=40000", "REFLEN=20000", "PARTS=8"]
+    try:
+        for d in (work, plain):
+            r = _as_user(g, ["sh", "-c", 'mkdir "$1" && cp "$2"/Makefile "$2"/*.py "$1"/', "sh", d, EXAMPLE])
+            assert r.returncode == 0, r.stderr
+        r = _as_user(g, g.argv(["make", "-j16", "--explain-placement"] + args), cwd=work)
+        assert r.returncode == 0, r.stderr
+        explain = r.stderr.decode()
+        want = _as_user(g, ["make", "-j4"] + args, cwd=plain)
+        assert want.returncode == 0, want.stderr
+        assert sorted(r.stdout.splitlines()) == sorted(
+            want.stdout.replace(plain.encode(), work.encode()).splitlines())
+        for name in ("aligned.sam", "summary.txt", "ref.fa", "reads.fq"):
+            assert _read(g, os.path.join(work, name)) == _read(g, os.path.join(plain, name)), name
+        ref_size = len(_read(g, os.path.join(plain, "ref.fa")))
+        aligns = re.findall(r"align\.py ref\.fa (part\d+)\.fq > \S+ -> (\S+): (.*?); (\d+) bytes local, "
+                            r"(\d+) fetched", explain)
+        assert len(aligns) == 8, explain
+        for part, host, why, local, fetched in aligns:
+            # SOFT: on its part's host (fetching at most the shared reference
+            # and the script), unless that host stayed busy past the delay
+            if not (int(local) > 100000 and int(fetched) <= ref_size + 4096):
+                assert "busy past" in why, (part, host, explain)
+        # the splits (GXP_PLACE=hard in the makefile) all ran where the reads are
+        splits = re.findall(r"> part\d+\.fq -> (\S+): .*; (\d+) bytes local, (\d+) fetched", explain)
+        assert len(splits) == 8 and len({s[0] for s in splits}) == 1, explain
+        assert all(s[2] == "0" for s in splits), explain
+    finally:
+        _as_user(g, ["rm", "-rf", work])
+        shutil.rmtree(plain, ignore_errors=True)
+
+
+def test_files_written_through_the_mount_reach_the_catalog(mounted):
+    """Not only recipes: what `gxpc e` writes on tl05, and then removes, is in
+    the catalog (with the writer as holder) and then gone, as the location
+    xattr says; the scan at mount time is tested by the example run."""
+    g, mnt = mounted
+    work = _workdir(g, mnt, "")
+    path = os.path.join(work, "written-on-tl05")
+    try:
+        g.ok("e", "--hosts", "tl05", "head -c 300000 /dev/zero > %s" % path)
+        deadline = time.monotonic() + 20
+        while _where(g, [path])[path] != {"tl05": ("300000",)}:
+            assert time.monotonic() < deadline, _where(g, [path])
+            time.sleep(0.2)
+        assert _location(g, path) == {"tl05"}
+        g.ok("e", "--hosts", "tl06", "rm %s" % path)
+        while _where(g, [path])[path] != {}:
+            assert time.monotonic() < deadline + 20, _where(g, [path])
+            time.sleep(0.2)
+    finally:
+        _as_user(g, ["rm", "-rf", work])
+
+
+COLLOCATED = "".join("g%d:\n\thostname > grp/$@\n" % i for i in range(6)) + "".join(
+    "f%d:\n\thostname > free/$@\n" % i for i in range(6)) + \
+    "all: %s\n" % " ".join(["g%d" % i for i in range(6)] + ["f%d" % i for i in range(6)])
+
+
+def test_a_collocation_hint_on_a_directory_is_honoured(mounted):
+    """WOSS: `setfattr -n user.sshfsmux.dp -v collocation:g1 grp` sends every
+    recipe writing into grp to the node the first one took; recipes writing
+    elsewhere still spread by load."""
+    g, mnt = mounted
+    work = _workdir(g, mnt, COLLOCATED)
+    try:
+        r = _as_user(g, ["sh", "-c", 'mkdir grp free && python3 -c "import os; '
+                         "os.setxattr('grp', 'user.sshfsmux.dp', b'collocation:g1')\""], cwd=work)
+        assert r.returncode == 0, r.stderr
+        r = _as_user(g, g.argv(["make", "-j12", "--explain-placement", "all"]), cwd=work)
+        assert r.returncode == 0, r.stderr
+        grouped = {_read(g, os.path.join(work, "grp", "g%d" % i)).strip() for i in range(6)}
+        free = {_read(g, os.path.join(work, "free", "f%d" % i)).strip() for i in range(6)}
+        assert len(grouped) == 1, (grouped, r.stderr.decode())
+        assert len(free) >= 3, (free, r.stderr.decode())
+    finally:
+        _as_user(g, ["rm", "-rf", work])

@@ -1,0 +1,88 @@
+"""Placement (make_backend/placement.py): input bytes against load, delay
+scheduling, GXP_ON / GXP_PLACE / GXP_SLOTS, and the WOSS directory hints."""
+from __future__ import annotations
+
+from make_backend.placement import Hints, NodeView, Placement
+
+K = 1024
+
+
+def test_small_inputs_go_by_load():
+    p = Placement()
+    d = p.decide(nodes({3: 1}), {"tb03": 1000}, 1000, Hints(), 0.0, 0.0, {})
+    assert d.why == "load" and d.node != "0.3"
+
+
+def nodes(used=None, slots=2):
+    used = used or {}
+    return [NodeView("0.%d" % i, ["tb0%d" % i, "tb0%d" % i], "tb0%d" % i, slots, used.get(i, 0))
+            for i in range(1, 5)]
+
+
+def test_no_bytes_known_is_load_balance():
+    p = Placement()
+    d = p.decide(nodes({1: 2, 2: 1, 3: 1}), {}, 0, Hints(), 0.0, 0.0, {})
+    assert d.node == "0.4" and d.why == "load"
+
+
+def test_the_holder_of_the_most_bytes_wins_over_load():
+    p = Placement()
+    d = p.decide(nodes({3: 1}), {"tb03": 900 * K, "tb01": 100 * K}, 1000 * K, Hints(), 0.0, 0.0, {})
+    assert (d.node, d.local, d.fetch) == ("0.3", 900 * K, 100 * K)
+    assert "%d of %d input bytes local" % (900 * K, 1000 * K) in d.why
+
+
+def test_soft_waits_for_the_holder_then_runs_elsewhere():
+    p = Placement(delay=3.0)
+    busy = nodes({3: 2})
+    d = p.decide(busy, {"tb03": 900 * K, "tb01": 100 * K}, 1000 * K, Hints(), 10.0, 11.0, {})
+    assert d.node is None and d.retry_at == 13.0
+    d = p.decide(busy, {"tb03": 900 * K, "tb01": 100 * K}, 1000 * K, Hints(), 10.0, 13.5, {})
+    assert d.node == "0.1" and d.fetch == 900 * K      # the next best holder among free nodes
+
+
+def test_hard_waits_however_long():
+    p = Placement(delay=3.0)
+    d = p.decide(nodes({3: 2}), {"tb03": 900 * K}, 900 * K, Hints(place="hard"), 0.0, 1e6, {})
+    assert d.node is None and "GXP_PLACE=hard" in d.why
+    d = p.decide(nodes({3: 2}), {"tb03": 900 * K}, 900 * K, Hints(dp="local"), 0.0, 1e6, {})
+    assert d.node is None
+
+
+def test_gxp_on_restricts_and_soft_prefers():
+    p = Placement(delay=1.0)
+    d = p.decide(nodes(), {"tb03": 900 * K}, 900 * K, Hints(on="tb02"), 0.0, 0.0, {})
+    assert d.node == "0.2" and d.fetch == 900 * K
+    d = p.decide(nodes(), {}, 0, Hints(on="tb[[01-02]]"), 0.0, 0.0, {})
+    assert d.node in ("0.1", "0.2")
+    d = p.decide(nodes(), {}, 0, Hints(on="m1"), 0.0, 0.0, {"m1": {"0.4"}})
+    assert d.node == "0.4"
+    # soft: preferred, but a busy tb02 gives way after the delay
+    d = p.decide(nodes({2: 2}), {}, 0, Hints(on="tb02", place="soft"), 0.0, 2.0, {})
+    assert d.node not in (None, "0.2")
+    assert p.decide(nodes(), {}, 0, Hints(on="nosuch"), 0.0, 0.0, {}).error
+    assert p.decide(nodes(), {}, 0, Hints(on="nosuch", place="soft"), 0.0, 0.0, {}).node
+    assert p.decide(nodes(), {}, 0, Hints(on="[a-"), 0.0, 0.0, {}).error
+
+
+def test_slots_and_collocation():
+    p = Placement()
+    d = p.decide(nodes({1: 1, 2: 1, 3: 1}), {}, 0, Hints(slots=2), 0.0, 0.0, {})
+    assert d.node == "0.4"
+    assert p.decide(nodes(), {}, 0, Hints(slots=3), 0.0, 0.0, {}).error
+    first = p.decide(nodes({1: 1}), {}, 0, Hints(dp="collocation:g"), 0.0, 0.0, {}).node
+    again = [p.decide(nodes(), {}, 0, Hints(dp="collocation:g"), 0.0, 0.0, {}).node for _ in range(3)]
+    assert again == [first] * 3
+
+
+def test_load_ignores_the_data():
+    p = Placement()
+    d = p.decide(nodes({3: 1}), {"tb03": 900 * K}, 900 * K, Hints(place="load"), 0.0, 0.0, {})
+    assert d.why == "load" and d.node != "0.3" and d.fetch == 900 * K
+
+
+def test_a_spill_goes_by_load_when_nobody_else_holds_much():
+    p = Placement(delay=1.0)
+    picks = {p.decide(nodes({3: 2}), {"tb03": 900 * K, "tb01": 10}, 900 * K, Hints(), 0.0, 5.0, {}).node
+             for _ in range(6)}
+    assert "0.3" not in picks and len(picks) >= 2
