@@ -87,7 +87,10 @@ def split_own_options(args: List[str]) -> Options:
             o.help = True
         elif own and a == "--local":
             o.local = True
-usage: gxpc make [--local | --shared] [--joblog FILE] [--explain-placement] [MAKE-ARGUMENTS...]
+        elif own and a == "--shared":
+            o.shared = True
+        elif own and a == "--explain-placement":
+            o.explain = True
         elif own and (a == "--joblog" or a.startswith("--joblog=")):
             if a == "--joblog":
                 if i >= len(args):
@@ -243,14 +246,14 @@ def main(client: Optional[Any], session_dir: str, args: List[str]) -> int:
         return 0
     joblog = open_joblog(opts.joblog) if opts.joblog else None
     try:
-usage: gxpc make [--local | --shared] [--joblog FILE] [--explain-placement] [MAKE-ARGUMENTS...]
+        return _run(client, session_dir, local, make_args, joblog, opts.shared, opts.explain)
     finally:
         if joblog is not None:
             joblog.close()
 
 
 def _run(client: Optional[Any], session_dir: str, local: bool, make_args: List[str],
-usage: gxpc make [--local | --shared] [--joblog FILE] [--explain-placement] [MAKE-ARGUMENTS...]
+         joblog: Any, shared: bool = False, explain: bool = False) -> int:
     argv = [make_program()]
     env = dict(os.environ)
     where = "here"

@@ -67,14 +67,6 @@ _pyapi.PyGILState_Ensure.restype = ctypes.c_int
 _kept = threading.local()
 
 
-def current_fuse() -> int:
-    """The `struct fuse *` of the mount whose callback is running (call it from
-    init): what libfuse's fuse_invalidate_path needs to drop the kernel's
-    entries and attributes of a path that changed elsewhere."""
-    import mfusepy
-    return int(mfusepy._libfuse.fuse_get_context().contents.fuse or 0)
-
-
 def fill_stat(st: "Any", a: "Dict[str, Any]") -> None:
     """A branch's attributes (nanosecond times under st_*time_ns when it has
     them) straight into libfuse's struct stat, which libfuse has zeroed."""

@@ -47,7 +47,7 @@ import threading
 import time
 
 from .branch import Branch, ReadHandle, WriteHandle
-from .fuse_glue import (FuseOSError, Operations, _e, current_fuse, fuse_get_context,  # noqa: F401
+from .fuse_glue import (FuseOSError, Operations, _e, fuse_get_context,  # noqa: F401
                         hand_over, run_fuse, safe as _safe)
 from .merged_changes import NameChanges
 from .merged_handles import MultiWriteHandle, View, _VirtualHandle
@@ -104,7 +104,6 @@ class MergedFS(NameChanges, Xattrs, Operations):
         if places:
             self._virtual[BRANCHES_PATH] = ("\n".join(places) + "\n").encode("utf-8", "surrogateescape")
         self.on_ready = on_ready
-        self.fuse_handle = 0        # struct fuse *, known once mounted (init)
         # called with a path after a write handle closes, an unlink or a
         # rename (the GMount service tells the head's replica catalog)
         self.on_change: "Optional[Callable[[str], None]]" = None
@@ -130,12 +129,6 @@ class MergedFS(NameChanges, Xattrs, Operations):
 
     # -- lifecycle -----------------------------------------------------
     def init_with_config(self, conn: "Any", config: "Any") -> None:
-        try:
-            # for invalidating the kernel's cache of a path changed elsewhere
-            # (libfuse fuse_invalidate_path(fuse_handle, path))
-            self.fuse_handle = current_fuse()
-        except Exception:
-            pass
         # writes of up to 1 MiB per call (the kernel's default is 128 KiB):
         # fewer trips through Python for big sequential writes
         if conn is not None:
