@@ -405,7 +405,7 @@ CORE: Dict[str, Verb] = {v.name: v for v in (
          check=check_cd),
     Verb("export", "environment for later commands on every node", cmd_simple("export"),
          args=[Arg("assignments", "+", metavar="VAR=VALUE")], check=check_export),
-    Verb("bcast", "copy a file to the same path on the selected nodes, along the tree", cmd_bcast,
+    Verb("bcast", "copy a file to the same path on every selected node", cmd_bcast,
          check=check_bcast,
          description="gxpc bcast SRC DEST: copy SRC (a file here, or NODE:PATH on a node; a "
          "pattern for NODE names identical copies, used if one fails) to DEST on every selected "

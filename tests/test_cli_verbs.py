@@ -8,8 +8,8 @@ import pytest
 
 from conftest import venv_dir
 
-CORE = ["use", "explore", "stat", "e", "gexec", "smask", "rmask", "savemask", "cd", "export", "where",
-        "quit"]
+CORE = ["use", "explore", "stat", "e", "gexec", "smask", "rmask", "savemask", "cd", "export", "bcast",
+        "where", "quit"]
 PLUGINS = ["mount", "umount", "mw", "make"]
 
 
