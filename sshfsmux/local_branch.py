@@ -234,6 +234,26 @@ class LocalBranch(Branch):
         if fd != self.root_fd:
             os.close(fd)
 
+    def _one(self, path: str, fn: "Any") -> "Any":
+        """fn(name, directory fd) for `path`, confined (see _at)."""
+        d, name = self._at(path)
+        try:
+            return fn(name, d)
+        finally:
+            self._done(d)
+
+    def _dir_fd(self, path: str) -> int:
+        """An fd of the directory `path` itself (never a symlink), for listing."""
+        return self._one(path, lambda n, d: os.open(
+            n, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d))
+
+    def _hidden(self, path: str, names: "Iterable[str]") -> "Set[str]":
+        """The names of directory `path` that the exclude list hides."""
+        if not self._rel_exclude:
+            return set()
+        base = path.rstrip("/") + "/"
+        return {n for n in names if base + n in self._rel_exclude}
+
     # -- metadata ------------------------------------------------------
     def getattr(self, path: str) -> "Dict[str, Any]":
         d, name = self._at(path)
@@ -244,27 +264,17 @@ class LocalBranch(Branch):
                 os.close(d)
 
     def readdir(self, path: str) -> "List[str]":
-        d, name = self._at(path)
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
-        finally:
-            self._done(d)
+        fd = self._dir_fd(path)
         try:
             names = os.listdir(fd)
         finally:
             os.close(fd)
-        if self._rel_exclude:
-            base = path.rstrip("/") + "/"
-            names = [n for n in names if base + n not in self._rel_exclude]
-        return names
+        hidden = self._hidden(path, names)
+        return [n for n in names if n not in hidden] if hidden else names
 
     def readdir_attrs(self, path: str) -> "Dict[str, Dict[str, Any]]":
         """Every name of a directory with its attributes (lstat), for readdirplus."""
-        d, name = self._at(path)
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
-        finally:
-            self._done(d)
+        fd = self._dir_fd(path)
         out = {}
         try:
             for n in os.listdir(fd):
@@ -274,48 +284,25 @@ class LocalBranch(Branch):
                     pass        # gone meanwhile: the kernel will look it up
         finally:
             os.close(fd)
-        if self._rel_exclude:
-            base = path.rstrip("/") + "/"
-            for n in list(out):
-                if base + n in self._rel_exclude:
-                    del out[n]
+        for n in self._hidden(path, out):
+            del out[n]
         return out
 
     def readlink(self, path: str) -> str:
-        d, name = self._at(path)
-        try:
-            return os.readlink(name, dir_fd=d)
-        finally:
-            self._done(d)
+        return self._one(path, lambda n, d: os.readlink(n, dir_fd=d))
 
     def mkdir(self, path: str, mode: int) -> None:
-        d, name = self._at(path)
-        try:
-            os.mkdir(name, mode, dir_fd=d)
-        finally:
-            self._done(d)
+        self._one(path, lambda n, d: os.mkdir(n, mode, dir_fd=d))
 
     def mknod(self, path: str, mode: int, dev: int) -> None:
         """FIFOs and sockets (and devices, for root): node-local by nature."""
-        d, name = self._at(path)
-        try:
-            os.mknod(name, mode, dev, dir_fd=d)
-        finally:
-            self._done(d)
+        self._one(path, lambda n, d: os.mknod(n, mode, dev, dir_fd=d))
 
     def rmdir(self, path: str) -> None:
-        d, name = self._at(path)
-        try:
-            os.rmdir(name, dir_fd=d)
-        finally:
-            self._done(d)
+        self._one(path, lambda n, d: os.rmdir(n, dir_fd=d))
 
     def unlink(self, path: str) -> None:
-        d, name = self._at(path)
-        try:
-            os.unlink(name, dir_fd=d)
-        finally:
-            self._done(d)
+        self._one(path, lambda n, d: os.unlink(n, dir_fd=d))
 
     def _two(self, old: str, new: str, fn: "Any") -> None:
         d1, n1 = self._at(old)
@@ -332,11 +319,7 @@ class LocalBranch(Branch):
         self._two(old, new, lambda a, b, d1, d2: os.rename(a, b, src_dir_fd=d1, dst_dir_fd=d2))
 
     def symlink(self, target: str, path: str) -> None:
-        d, name = self._at(path)
-        try:
-            os.symlink(target, name, dir_fd=d)
-        finally:
-            self._done(d)
+        self._one(path, lambda n, d: os.symlink(target, n, dir_fd=d))
 
     def link(self, old: str, new: str) -> None:
         self._two(old, new, lambda a, b, d1, d2: os.link(a, b, src_dir_fd=d1, dst_dir_fd=d2,
@@ -352,11 +335,7 @@ class LocalBranch(Branch):
             self._done(d)
 
     def chown(self, path: str, uid: int, gid: int) -> None:
-        d, name = self._at(path)
-        try:
-            os.chown(name, uid, gid, dir_fd=d, follow_symlinks=False)
-        finally:
-            self._done(d)
+        self._one(path, lambda n, d: os.chown(n, uid, gid, dir_fd=d, follow_symlinks=False))
 
     def truncate(self, path: str, length: int) -> None:
         fd = self._open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -367,20 +346,12 @@ class LocalBranch(Branch):
 
     def utimens(self, path: str, times: "Optional[Tuple[float, float]]") -> None:
         if times is None:
-            d, name = self._at(path)
-            try:
-                os.utime(name, None, dir_fd=d, follow_symlinks=False)
-            finally:
-                self._done(d)
+            self._one(path, lambda n, d: os.utime(n, None, dir_fd=d, follow_symlinks=False))
         else:
             self.utimens_ns(path, (int(round(times[0] * 1e9)), int(round(times[1] * 1e9))))
 
     def utimens_ns(self, path: str, ns: "Tuple[int, int]") -> None:
-        d, name = self._at(path)
-        try:
-            os.utime(name, ns=ns, dir_fd=d, follow_symlinks=False)
-        finally:
-            self._done(d)
+        self._one(path, lambda n, d: os.utime(n, ns=ns, dir_fd=d, follow_symlinks=False))
 
     def statfs(self) -> "Dict[str, Any]":
         st = os.statvfs(self.realroot)
@@ -390,11 +361,7 @@ class LocalBranch(Branch):
 
     # -- data ----------------------------------------------------------
     def _open(self, path: str, flags: int, mode: int = 0o666) -> int:
-        d, name = self._at(path)
-        try:
-            return os.open(name, flags, mode, dir_fd=d)
-        finally:
-            self._done(d)
+        return self._one(path, lambda n, d: os.open(n, flags, mode, dir_fd=d))
 
     def open_read(self, path: str) -> ReadHandle:
         return LocalReadHandle(self._open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))

@@ -226,6 +226,29 @@ def module_bed(hosts, user_prefix: str, fuse: bool = False, **up_options):
             os.chmod("/dev/fuse", old_mode)
 
 
+@contextlib.contextmanager
+def gmount_session(bed, hosts, pattern: str, tag: str):
+    """(session, mountpoint): the bed's user explores `hosts` over ssh (`use ssh
+    head PATTERN`) and GMounts /tmp/<tag>exp-X at /tmp/<tag>mnt-X on every one;
+    unmounted, quit and removed at the end, also when a test failed (the
+    hosts' /tmp goes with the bed)."""
+    user = next(iter(bed.users))
+    g = Gxp(bed, user, "/tmp/gxpt-%s/session" % uuid.uuid4().hex[:10])
+    suffix = uuid.uuid4().hex[:6]
+    export, mnt = "/tmp/%sexp-%s" % (tag, suffix), "/tmp/%smnt-%s" % (tag, suffix)
+    try:
+        g.ok("use", "ssh", "head", pattern)
+        g.ok("explore", *hosts)
+        g.ok("e", "mkdir -p %s %s" % (export, mnt))
+        g.ok("mount", export, mnt)
+        yield g, mnt
+    finally:
+        g.run("umount", mnt, timeout=90)
+        _finish(g)
+        for d in (export, mnt):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def user_bed():
     """A bed with no hosts, holding one ordinary user (root only)."""

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from conftest import _finish, Gxp, module_bed
+from conftest import gmount_session, module_bed
 
 pytestmark = pytest.mark.testbed
 
@@ -33,21 +33,8 @@ def bed():
 @pytest.fixture(scope="module")
 def mounted(bed):
     """(session, the mountpoint): every host explored and mounted."""
-    user = next(iter(bed.users))
-    g = Gxp(bed, user, "/tmp/gxpt-%s/session" % uuid.uuid4().hex[:10])
-    tag = uuid.uuid4().hex[:6]
-    export, mnt = "/tmp/gxlexp-" + tag, "/tmp/gxlmnt-" + tag
-    try:
-        g.ok("use", "ssh", "head", "tl*")
-        g.ok("explore", *HOSTS)
-        g.ok("e", "mkdir -p %s %s" % (export, mnt))
-        g.ok("mount", export, mnt)
-        yield g, mnt
-    finally:
-        g.run("umount", mnt)
-        _finish(g)
-        for d in (export, mnt):
-            shutil.rmtree(d, ignore_errors=True)
+    with gmount_session(bed, HOSTS, "tl*", "gxl") as gm:
+        yield gm
 
 
 def _as_user(g, argv, cwd=None, timeout=180, **kw):

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from conftest import _finish, Gxp, module_bed
+from conftest import gmount_session, module_bed
 from test_make_faithful import FLAGS, NO_SHELL, POSIX, SHELLS, STDIN, VARIABLES
 from test_make_names import MAKEFILE as NAMES_MAKEFILE, NAMES
 
@@ -33,21 +33,8 @@ def bed():
 @pytest.fixture(scope="module")
 def mounted(bed):
     """(session, the user's work directory in the GMount): 8 hosts explored."""
-    user = next(iter(bed.users))
-    g = Gxp(bed, user, "/tmp/gxpt-%s/session" % uuid.uuid4().hex[:10])
-    tag = uuid.uuid4().hex[:6]
-    export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
-    try:
-        g.ok("use", "ssh", "head", "tm*")
-        g.ok("explore", *HOSTS)
-        g.ok("e", "mkdir -p %s %s" % (export, mnt))
-        g.ok("mount", export, mnt)
-        yield g, mnt
-    finally:
-        g.run("umount", mnt)
-        _finish(g)
-        for d in (export, mnt):       # the head's own (the hosts' /tmp goes with the bed)
-            shutil.rmtree(d, ignore_errors=True)
+    with gmount_session(bed, HOSTS, "tm*", "gxp") as gm:
+        yield gm
 
 
 def _as_user(g, argv, cwd=None, **kw):
