@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from gxpstyle.schema import Bool, Int, ListOf, MapOf, Opt, Rec, Str
 from gxpstyle.services import Service, Verb
@@ -190,6 +190,3 @@ class MakeService(Service):
             self.head.reply(cid, req, 0, {})
             return
         s.req = req
-
-    def running_nodes(self) -> Set[str]:
-        return set(self.scheduler.running)
