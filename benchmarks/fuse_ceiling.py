@@ -32,6 +32,7 @@ import threading
 import time
 
 FILES, BIG, READERS = 10000, 64 << 20, 8
+CASES = ("read8", "read1", "stat")
 
 
 def drop_caches() -> None:
@@ -72,7 +73,10 @@ def stat_all(d: str) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--case", action="append", choices=CASES,
+                   help="measure only this case (repeatable; default: all three)")
     a = p.parse_args(argv)
+    cases = [c for c in CASES if c in (a.case or CASES)]
     if os.getuid() != 0:
         p.error("run as root (drop_caches)")
     if not shutil.which("bindfs"):
@@ -85,7 +89,7 @@ def main(argv=None) -> int:
     try:
         for d in (os.path.join(src, "m"), bmnt, omnt):
             os.makedirs(d)
-        for i in range(READERS):
+        for i in range(READERS if {"read8", "read1"} & set(cases) else 0):
             with open(os.path.join(src, "big%d" % i), "wb") as f:
                 f.write(os.urandom(BIG))
         for i in range(FILES):
@@ -96,9 +100,11 @@ def main(argv=None) -> int:
         mounted.append(omnt)
         for rep in range(a.reps):
             for name, d in (("local", src), ("bindfs", bmnt), ("sshfsm", omnt)):
-                for case, fn in (("read8 MB/s", lambda d=d: read_all(d, READERS)),
-                                 ("read1 MB/s", lambda d=d: read_all(d, 1)),
-                                 ("stat /s", lambda d=d: stat_all(d))):
+                for case, fn in (("read8", lambda d=d: read_all(d, READERS)),
+                                 ("read1", lambda d=d: read_all(d, 1)),
+                                 ("stat", lambda d=d: stat_all(d))):
+                    if case not in cases:
+                        continue
                     drop_caches()
                     samples.setdefault((case, name), []).append(fn())
             print("  rep %d done" % (rep + 1), file=sys.stderr)
@@ -109,9 +115,10 @@ def main(argv=None) -> int:
     med = {k: statistics.median(v) for k, v in samples.items()}
     print("%-12s %12s %12s %12s %14s %14s %14s" % ("case", "local", "bindfs (C)", "sshfsm",
                                                     "bindfs/local", "sshfsm/local", "sshfsm/bindfs"))
-    for case in ("read8 MB/s", "read1 MB/s", "stat /s"):
+    units = {"read8": "read8 MB/s", "read1": "read1 MB/s", "stat": "stat /s"}
+    for case in cases:
         l, b, o = med[(case, "local")], med[(case, "bindfs")], med[(case, "sshfsm")]
-        print("%-12s %12.0f %12.0f %12.0f %14.2f %14.2f %14.2f" % (case, l, b, o, b / l, o / l, o / b))
+        print("%-12s %12.0f %12.0f %12.0f %14.2f %14.2f %14.2f" % (units[case], l, b, o, b / l, o / l, o / b))
     print("(medians of %d reps; caches dropped before every pass; %d CPUs)" % (a.reps, os.cpu_count()))
     return 0
 

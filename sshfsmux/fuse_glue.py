@@ -212,6 +212,12 @@ def fuse_class() -> type:
             return 0
 
         def getattr_fuse_3(self, path, buf, fip):  # type: ignore[no-untyped-def]
+            # a branch that lstats into buf itself (0 or -errno; 1: it cannot)
+            into = getattr(self.operations, "stat_into", None) if path is not None and not fip else None
+            if into is not None:
+                rc = into(path, buf)
+                if rc <= 0:
+                    return rc
             # the branch's attributes as they are, no dict copies on the way
             a = self.operations.raw_getattr(
                 None if path is None else path.decode(self.encoding, self.errors),

@@ -99,6 +99,27 @@ def _open_beneath(root_fd: int, comps: "List[str]") -> int:
     raise _err(-fd)
 
 
+def _load_libc_stat() -> "Any":
+    """libc's openat/fstatat/close through ctypes, for stat_into: the kernel
+    writes struct stat straight into libfuse's buffer (no os.stat_result, no
+    dict, no field-by-field copy: the hot path of a cold stat storm)."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        openat, fstatat, close = libc.openat, libc.fstatat, libc.close
+    except (OSError, AttributeError, ImportError):
+        return None
+    openat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    fstatat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int]
+    close.argtypes = [ctypes.c_int]
+    return openat, fstatat, close, ctypes.get_errno
+
+
+_libc_stat = _load_libc_stat() if os.uname().machine in ("x86_64", "aarch64") else None
+_AT_SYMLINK_NOFOLLOW = 0x100
+_GENERAL = 1        # stat_into: take the general path
+
+
 def _err(code: int, path: str = "") -> OSError:
     return OSError(code, os.strerror(code), path) if path else OSError(code, os.strerror(code))
 
@@ -262,6 +283,44 @@ class LocalBranch(Branch):
         finally:
             if d != self.root_fd:
                 os.close(d)
+
+    def stat_into(self, path: bytes, buf: "Any") -> int:
+        """lstat of `path` (as libfuse passes it) written into the struct stat
+        at `buf`: 0, -ENOENT (also for ENOTDIR, as getattr's callers want),
+        or _GENERAL when anything is unusual (root, odd components, excludes,
+        a symlink among the directories, other errors): getattr then decides.
+        Confined as _at: one directory is opened O_NOFOLLOW, deeper ones by
+        openat2 RESOLVE_BENEATH with no symlinks."""
+        if _libc_stat is None or self._rel_exclude or len(path) < 2:
+            return _GENERAL
+        if b"//" in path or b"/." in path:
+            return _GENERAL             # "." and ".." (and dot names: rare, general)
+        openat, fstatat, close, get_errno = _libc_stat
+        i = path.rfind(b"/")
+        if i == 0:
+            rc = fstatat(self.root_fd, path[1:], buf, _AT_SYMLINK_NOFOLLOW)
+        else:
+            d = path[1:i]
+            if b"/" not in d:
+                fd = openat(self.root_fd, d, _DIR_FLAGS | os.O_NOFOLLOW)
+            elif _openat2 is not None and len(d) < _CHUNK:
+                fd = _openat2(self.root_fd, d)
+                if fd < 0:
+                    return -errno.ENOENT if -fd == errno.ENOENT else _GENERAL
+            else:
+                return _GENERAL
+            if fd < 0:
+                return -errno.ENOENT if get_errno() == errno.ENOENT else _GENERAL
+            rc = fstatat(fd, path[i + 1:], buf, _AT_SYMLINK_NOFOLLOW)
+            if rc < 0:
+                e = get_errno()
+                close(fd)
+                return -errno.ENOENT if e in (errno.ENOENT, errno.ENOTDIR) else _GENERAL
+            close(fd)
+            return 0
+        if rc < 0:
+            return -errno.ENOENT if get_errno() in (errno.ENOENT, errno.ENOTDIR) else _GENERAL
+        return 0
 
     def readdir(self, path: str) -> "List[str]":
         fd = self._dir_fd(path)

@@ -82,6 +82,11 @@ class MergedFS(NameChanges, Xattrs, Operations):
         self.branches = locals_ + [b for b in branches if not b.local]
         self.readonly = bool(readonly or read_only)
         self._single = self.branches[0] if len(self.branches) == 1 else None
+        # one branch that can lstat into libfuse's struct stat itself: the
+        # cold-stat path of a node's own export (fuse_glue getattr_fuse_3);
+        # -d keeps the general path, which logs
+        self.stat_into = (getattr(self._single, "stat_into", None)
+                          if self._single is not None and not debug else None)
         self.debug = debug
         self.log = log or (lambda msg: None)
         self.node = node or socket.gethostname()

@@ -1,0 +1,86 @@
+"""The cold-stat fast path of a one-branch mount (LocalBranch.stat_into, used
+by fuse_glue's getattr): it must agree with the general path, stay confined
+to the branch root, and hand everything unusual back to the general path.
+No mount: the branch is called as libfuse's getattr would call it.
+"""
+import ctypes
+import errno
+import os
+import stat
+
+import pytest
+
+mfusepy = pytest.importorskip("mfusepy")
+
+from sshfsmux import local_branch  # noqa: E402
+from sshfsmux.local_branch import LocalBranch  # noqa: E402
+
+pytestmark = pytest.mark.skipif(local_branch._libc_stat is None,
+                                reason="no libc fstatat on this machine")
+
+
+def _stat(b, path):
+    st = mfusepy.c_stat()
+    rc = b.stat_into(path.encode(), ctypes.pointer(st))
+    return rc, st
+
+
+def test_fast_stat_agrees_with_getattr(tmp_path):
+    root = tmp_path / "root"
+    (root / "d" / "e").mkdir(parents=True)
+    (root / "d" / "e" / "f").write_bytes(b"x" * 5000)
+    (root / "top").write_text("t")
+    os.mkfifo(str(root / "d" / "fifo"))
+    os.symlink("nowhere", str(root / "d" / "link"))
+    b = LocalBranch(str(root))
+    for path in ("/top", "/d", "/d/e", "/d/e/f", "/d/fifo", "/d/link"):
+        rc, st = _stat(b, path)
+        assert rc == 0, path
+        a = b.getattr(path)
+        assert (st.st_mode, st.st_size, st.st_nlink, st.st_uid) == (
+            a["st_mode"], a["st_size"], a["st_nlink"], a["st_uid"]), path
+        assert st.st_mtimespec.tv_sec * 10 ** 9 + st.st_mtimespec.tv_nsec == a["st_mtime_ns"]
+    assert stat.S_ISLNK(_stat(b, "/d/link")[1].st_mode)      # the last name is never followed
+
+
+def test_fast_stat_missing_names_are_enoent(tmp_path):
+    root = tmp_path / "root"
+    (root / "d").mkdir(parents=True)
+    (root / "file").write_text("f")
+    b = LocalBranch(str(root))
+    for path in ("/nope", "/d/nope", "/nope/x", "/nope/x/y", "/d/nope/x/y"):
+        assert _stat(b, path)[0] == -errno.ENOENT, path
+    # a file where a directory should be (ENOTDIR, or a symlink to expand):
+    # the general path tells them apart
+    assert _stat(b, "/file/x")[0] == local_branch._GENERAL
+
+
+def test_fast_stat_stays_confined(tmp_path):
+    root = tmp_path / "root"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "f").write_text("in")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret").write_text("out")
+    os.symlink(str(tmp_path / "outside"), str(root / "esc"))
+    os.symlink(str(tmp_path / "outside"), str(root / "d" / "esc"))
+    b = LocalBranch(str(root))
+    # a symlink among the directories: never stat'ed through, the general
+    # path decides (it refuses the escape)
+    for path in ("/esc/secret", "/d/esc/secret"):
+        assert _stat(b, path)[0] == local_branch._GENERAL, path
+        with pytest.raises(OSError) as ei:
+            b.getattr(path)
+        assert ei.value.errno == errno.EACCES
+    # odd components and the root go the general way too
+    for path in ("/", "/d/../d/f", "/d//f", "/./d", "/d/.", "/.hidden"):
+        assert _stat(b, path)[0] == local_branch._GENERAL, path
+
+
+def test_fast_stat_leaves_excluded_names_to_the_general_path(tmp_path):
+    root = tmp_path / "root"
+    (root / "hidden").mkdir(parents=True)
+    b = LocalBranch(str(root), exclude=[str(root / "hidden")])
+    assert _stat(b, "/hidden")[0] == local_branch._GENERAL
+    with pytest.raises(OSError) as ei:
+        b.getattr("/hidden")
+    assert ei.value.errno == errno.ENOENT
