@@ -33,7 +33,7 @@ NODE_MODULES = [
     "sshfsmux.local_branch", "sshfsmux.replica_cache", "sshfsmux.direct_channel",
     "sshfsmux.direct_files", "sshfsmux.direct_branch",
     "sshfsmux.mount_nesting", "sshfsmux.fuse_glue", "sshfsmux.merged_handles",
-    "sshfsmux.merged_changes", "sshfsmux.merged_xattrs", "sshfsmux.merged_fs",
+    "sshfsmux.link_names", "sshfsmux.merged_changes", "sshfsmux.merged_xattrs", "sshfsmux.merged_fs",
     "sshfsmux.export_server", "sshfsmux.export_scan", "sshfsmux.kernel_cache",
     "sshfsmux.gmount_node", "mfusepy",
 ]

@@ -35,6 +35,8 @@ class NameChanges:
         def _listing(self, path: str, v: Optional[View] = None) -> List[str]: ...
         def _note(self, b: Branch, e: OSError) -> None: ...
         def _changed(self, path: str) -> None: ...
+        def _refresh(self, paths: List[str]) -> None: ...
+        _links: Any
 
     # -- changes of names ----------------------------------------------
     def _ensure_parents(self, b: Branch, path: str) -> None:
@@ -147,6 +149,7 @@ class NameChanges:
             raise _e(errno.EPERM)
         self._ensure_parents(v.visible, target)
         v.visible.link(source, target)
+        self._refresh(self._links.linked(source, target))
         return 0
 
     def _remove_in(self, b: Branch, path: str, a: "Dict[str, Any]") -> None:
@@ -173,6 +176,7 @@ class NameChanges:
                 first = first or e
         self._drop_hints(path)
         self._changed(path)
+        self._refresh(self._links.removed(path))
         if first is not None:
             raise first
         return 0
@@ -256,6 +260,7 @@ class NameChanges:
         self._move_hints(old, new)
         self._changed(old)
         self._changed(new)
+        self._refresh(self._links.renamed(old, new))
         return 0
 
     # -- hints table (for names held by non-local branches) -------------
@@ -298,6 +303,7 @@ class NameChanges:
             return 0
         for b, _ in targets:
             b.chmod(path, mode & 0o7777)
+        self._refresh(self._links.others(path))
         return 0
 
     @_safe
@@ -316,6 +322,7 @@ class NameChanges:
             if fn is None:
                 raise _e(errno.EPERM)
             fn(path, uid, gid)
+        self._refresh(self._links.others(path))
         return 0
 
     @_safe
@@ -337,6 +344,7 @@ class NameChanges:
             b.truncate(path, length)
         if len(targets) > 1:
             self._align_times(path, [b for b, _ in targets])
+        self._refresh(self._links.others(path))
         return 0
 
     @_safe
@@ -361,6 +369,7 @@ class NameChanges:
                 fn(path, ns)
             else:
                 b.utimens(path, (ns[0] / 1e9, ns[1] / 1e9))
+        self._refresh(self._links.others(path))
         return 0
 
     def _align_times(self, path: str, branches: "List[Branch]") -> None:

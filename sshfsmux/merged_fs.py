@@ -49,6 +49,7 @@ import time
 from .branch import Branch, ReadHandle, WriteHandle
 from .fuse_glue import (FuseOSError, Operations, _e, fuse_get_context,  # noqa: F401
                         hand_over, run_fuse, safe as _safe)
+from .link_names import LinkNames
 from .merged_changes import NameChanges
 from .merged_handles import MultiWriteHandle, View, _VirtualHandle
 from .merged_xattrs import XA_CONFLICT, XA_LOCATION, Xattrs  # noqa: F401
@@ -123,6 +124,16 @@ class MergedFS(NameChanges, Xattrs, Operations):
         self._hints: "Dict[str, Dict[str, bytes]]" = {}
         self._conflicts_logged: set = set()
         self._branch_errors_logged: set = set()
+        # hard links made here, and the kernel's caches of the mount (taken
+        # in init): a change through one name drops the others' attributes
+        self._links = LinkNames()
+        self._kernel: "Any" = None
+
+    def _refresh(self, paths: "List[str]") -> None:
+        """Drop the kernel's cached attributes of these names (other names of
+        a file just changed through one of them)."""
+        if paths and self._kernel is not None:
+            self._kernel.invalidate_paths(paths)
 
     def _changed(self, path: str) -> None:
         cb = self.on_change
@@ -144,6 +155,11 @@ class MergedFS(NameChanges, Xattrs, Operations):
                 conn.want |= conn.capable & FUSE_CAP_SPLICE_WRITE
             except Exception:
                 pass
+        try:
+            from .kernel_cache import KernelCache
+            self._kernel = KernelCache.capture()
+        except Exception:
+            pass
         if self.on_ready is not None:
             try:
                 self.on_ready()
@@ -525,6 +541,7 @@ class MergedFS(NameChanges, Xattrs, Operations):
             h.close()
             if isinstance(h, MultiWriteHandle):
                 self._changed(h.path)
+                self._refresh(self._links.others(h.path))
         return 0
 
 

@@ -59,6 +59,20 @@ t("link f dd", lambda: os.link("f", "dd"))
 t("open dd for writing", lambda: os.open("dd", os.O_WRONLY))
 t("create excl f", lambda: os.open("f", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
 t("rename dd into itself", lambda: os.rename("dd", "dd/sub"))
+# hard links: the other name's attributes change at once, not after the
+# attribute timeout (the kernel had l1's cached when the link was made)
+def links():
+    open("l1", "w").close()
+    got = [os.lstat("l1").st_nlink]
+    os.link("l1", "l2")
+    got.append(os.lstat("l1").st_nlink)
+    os.chmod("l2", 0o600)
+    got.append(oct(stat.S_IMODE(os.lstat("l1").st_mode)))
+    os.rename("l2", "l3")
+    os.unlink("l3")
+    got.append(os.lstat("l1").st_nlink)
+    return got
+out["links"] = links()
 # a deep tree: 25 names of 200 bytes (5,025 bytes from the mount's root),
 # each step relative; then a path of 3,818 bytes from the deepest directory
 name = "d" * 200
@@ -90,7 +104,7 @@ EXPECTED = {
     "mkdir f/x": "ENOTDIR", "open f/x": "ENOTDIR", "rmdir f": "ENOTDIR", "unlink dd": "EISDIR",
     "rename dd f": "ENOTDIR", "rename f dd": "EISDIR", "mkdir f": "EEXIST", "symlink f": "EEXIST",
     "link f dd": "EEXIST", "open dd for writing": "EISDIR", "create excl f": "EEXIST",
-    "rename dd into itself": "EINVAL", "deep": "ok",
+    "rename dd into itself": "EINVAL", "deep": "ok", "links": [1, 2, "0o600", 1],
 }
 
 
