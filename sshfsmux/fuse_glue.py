@@ -10,6 +10,7 @@ import ctypes
 import errno
 import functools
 import os
+import struct
 import threading
 
 def _prefer_libfuse3() -> None:
@@ -48,6 +49,7 @@ class _FuseBufVec(ctypes.Structure):
 
 
 FUSE_BUF_IS_FD, FUSE_BUF_FD_SEEK = 1 << 1, 1 << 2
+_BUFVEC_SIZE = ctypes.sizeof(_FuseBufVec)
 FUSE_READDIR_PLUS, FUSE_FILL_DIR_PLUS = 1 << 0, 1 << 1
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.malloc.restype = ctypes.c_void_p
@@ -92,32 +94,36 @@ _TIMES = (("st_atime", "st_atimespec"), ("st_mtime", "st_mtimespec"), ("st_ctime
 
 
 
+# the same bufvec as bytes (count, idx, off, then buf[0]: size, flags, pad,
+# mem, fd, pad, pos): one memmove instead of eight ctypes field writes
+_BUFVEC_BYTES = struct.Struct("=QQQQiiQiiq")
+_PTR_BYTES = struct.Struct("=Q")
+
+
 def hand_over(bufpp: "Any", h: "Any", size: int, offset: int) -> int:
     """read_buf's answer: a range that is in a local file (a replica, a local
     branch: the handle has fd_for) goes to libfuse as (fd, offset), so the data
-    never passes through Python; anything else is copied into libfuse's memory."""
+    never passes through Python; anything else is copied into libfuse's memory.
+    libfuse frees both mallocs after its reply."""
     fd_for = getattr(h, "fd_for", None)
-    bv = _libc.malloc(ctypes.sizeof(_FuseBufVec))
+    mem = 0
+    if fd_for is not None:
+        fd, n = fd_for(size, offset)
+        raw = _BUFVEC_BYTES.pack(1, 0, 0, n, FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK, 0, 0, fd, 0, offset)
+    else:
+        data = h.read(size, offset)
+        mem = _libc.malloc(max(1, len(data)))
+        if not mem:
+            raise _e(errno.ENOMEM)
+        ctypes.memmove(mem, data, len(data))
+        raw = _BUFVEC_BYTES.pack(1, 0, 0, len(data), 0, 0, mem, -1, 0, 0)
+    bv = _libc.malloc(_BUFVEC_SIZE)
     if not bv:
+        if mem:
+            _libc.free(ctypes.c_void_p(mem))
         raise _e(errno.ENOMEM)
-    vec = _FuseBufVec.from_address(bv)
-    vec.count, vec.idx, vec.off = 1, 0, 0
-    b = vec.buf[0]
-    try:
-        if fd_for is not None:
-            fd, n = fd_for(size, offset)
-            b.size, b.flags, b.mem, b.fd, b.pos = n, FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK, None, fd, offset
-        else:
-            data = h.read(size, offset)
-            mem = _libc.malloc(max(1, len(data)))
-            if not mem:
-                raise _e(errno.ENOMEM)
-            ctypes.memmove(mem, data, len(data))
-            b.size, b.flags, b.mem, b.fd, b.pos = len(data), 0, mem, -1, 0
-    except BaseException:
-        _libc.free(ctypes.c_void_p(bv))
-        raise
-    bufpp[0] = ctypes.cast(ctypes.c_void_p(bv), type(bufpp[0]))
+    ctypes.memmove(bv, raw, _BUFVEC_SIZE)
+    ctypes.memmove(ctypes.addressof(bufpp.contents), _PTR_BYTES.pack(bv), 8)
     return 0
 
 
