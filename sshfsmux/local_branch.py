@@ -120,6 +120,19 @@ _AT_SYMLINK_NOFOLLOW = 0x100
 _GENERAL = 1        # stat_into: take the general path
 
 
+def _process_umask() -> int:
+    """This process's umask, read without changing it (os.umask would, for a
+    moment, for every thread): Linux >= 4.7 shows it in /proc/self/status."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022      # unknown: assume the usual one (a chmod too many is harmless)
+
+
 def _err(code: int, path: str = "") -> OSError:
     return OSError(code, os.strerror(code), path) if path else OSError(code, os.strerror(code))
 
@@ -193,6 +206,11 @@ class LocalBranch(Branch):
         self.writable = os.access(self.realroot, os.W_OK)
         self.root_fd = os.open(self.realroot, _DIR_FLAGS)
         self._walker = Confined(self.realroot)
+        # the kernel already applied the caller's umask to every mode it
+        # passes; a mount run inside a process with its own umask (a GMount
+        # in the agent) must not apply that one too: new names get their
+        # mode set exactly when the umask would take bits off
+        self._umask = _process_umask()
 
     def add_exclude(self, path: str) -> None:
         real = os.path.realpath(path)
@@ -350,12 +368,23 @@ class LocalBranch(Branch):
     def readlink(self, path: str) -> str:
         return self._one(path, lambda n, d: os.readlink(n, dir_fd=d))
 
+    def _exact_mode(self, name: str, d: int, mode: int) -> None:
+        """A name just made: its permission bits as asked, whatever our umask."""
+        if mode & self._umask & 0o7777:
+            os.chmod(name, mode & 0o7777, dir_fd=d, follow_symlinks=False)
+
     def mkdir(self, path: str, mode: int) -> None:
-        self._one(path, lambda n, d: os.mkdir(n, mode, dir_fd=d))
+        def make(n: str, d: int) -> None:
+            os.mkdir(n, mode, dir_fd=d)
+            self._exact_mode(n, d, mode)
+        self._one(path, make)
 
     def mknod(self, path: str, mode: int, dev: int) -> None:
         """FIFOs and sockets (and devices, for root): node-local by nature."""
-        self._one(path, lambda n, d: os.mknod(n, mode, dev, dir_fd=d))
+        def make(n: str, d: int) -> None:
+            os.mknod(n, mode, dev, dir_fd=d)
+            self._exact_mode(n, d, mode)
+        self._one(path, make)
 
     def rmdir(self, path: str) -> None:
         self._one(path, lambda n, d: os.rmdir(n, dir_fd=d))
@@ -433,7 +462,18 @@ class LocalBranch(Branch):
             fl |= os.O_CREAT
         else:
             fl &= ~(os.O_CREAT | os.O_EXCL)
-        return LocalWriteHandle(self._open(path, fl, mode & 0o7777))
+        mode &= 0o7777
+        if create and mode & self._umask:
+            # made here (O_EXCL) -> the mode exactly; there already -> as it is
+            try:
+                fd = self._open(path, fl | os.O_EXCL, mode)
+            except FileExistsError:
+                if fl & os.O_EXCL:
+                    raise
+            else:
+                os.fchmod(fd, mode)
+                return LocalWriteHandle(fd)
+        return LocalWriteHandle(self._open(path, fl, mode))
 
     def _xpath(self, path: str) -> "Tuple[int, str]":
         """(fd to close or -1, a path string for the xattr calls, which have

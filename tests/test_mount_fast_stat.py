@@ -84,3 +84,22 @@ def test_fast_stat_leaves_excluded_names_to_the_general_path(tmp_path):
     with pytest.raises(OSError) as ei:
         b.getattr("/hidden")
     assert ei.value.errno == errno.ENOENT
+
+
+def test_new_names_get_their_mode_whatever_the_process_umask(tmp_path):
+    # a GMount runs inside the agent, whose umask is not 0: the kernel has
+    # already applied the caller's umask, the branch must not apply its own
+    old = os.umask(0o027)
+    try:
+        b = LocalBranch(str(tmp_path))
+    finally:
+        os.umask(old)
+    assert b._umask == 0o027
+    b.mkdir("/d", 0o777)
+    b.mknod("/p", stat.S_IFIFO | 0o666, 0)
+    b.open_write("/f", os.O_WRONLY, 0o4777, True).close()
+    (tmp_path / "old").write_text("x")
+    os.chmod(str(tmp_path / "old"), 0o600)
+    b.open_write("/old", os.O_WRONLY, 0o777, True).close()     # there already: kept
+    modes = {n: stat.S_IMODE(os.lstat(str(tmp_path / n)).st_mode) for n in ("d", "p", "f", "old")}
+    assert modes == {"d": 0o777, "p": 0o666, "f": 0o4777, "old": 0o600}
