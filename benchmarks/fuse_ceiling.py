@@ -63,6 +63,29 @@ def read_all(d: str, n: int) -> float:
     return sum(sizes) / (time.perf_counter() - t) / 1e6
 
 
+def server_pid(mnt: str) -> "int | None":
+    """The FUSE server process serving mnt (its command line ends with it)."""
+    for e in os.listdir("/proc"):
+        if e.isdigit():
+            try:
+                with open("/proc/%s/cmdline" % e, "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if len(argv) > 1 and argv[-2] == mnt.encode():
+                return int(e)
+    return None
+
+
+def cpu_s(pid: "int | None") -> float:
+    """utime + stime of pid (all its threads), in seconds (0 without a pid)."""
+    if pid is None:
+        return 0.0
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stat_all(d: str) -> float:
     t = time.perf_counter()
     for i in range(FILES):
@@ -106,7 +129,11 @@ def main(argv=None) -> int:
                     if case not in cases:
                         continue
                     drop_caches()
+                    pid = server_pid(d) if name != "local" else None
+                    c0 = cpu_s(pid)
                     samples.setdefault((case, name), []).append(fn())
+                    if case == "stat" and pid is not None:
+                        samples.setdefault(("cpu", name), []).append((cpu_s(pid) - c0) / FILES * 1e6)
             print("  rep %d done" % (rep + 1), file=sys.stderr)
     finally:
         for m in mounted:
@@ -119,6 +146,9 @@ def main(argv=None) -> int:
     for case in cases:
         l, b, o = med[(case, "local")], med[(case, "bindfs")], med[(case, "sshfsm")]
         print("%-12s %12.0f %12.0f %12.0f %14.2f %14.2f %14.2f" % (units[case], l, b, o, b / l, o / l, o / b))
+    if ("cpu", "sshfsm") in med and ("cpu", "bindfs") in med:
+        print("server CPU per cold stat (utime+stime): bindfs %.0f us, sshfsm %.0f us"
+              % (med[("cpu", "bindfs")], med[("cpu", "sshfsm")]))
     print("(medians of %d reps; caches dropped before every pass; %d CPUs)" % (a.reps, os.cpu_count()))
     return 0
 
