@@ -26,7 +26,11 @@ after --timeout seconds) counts as failed.
 
 Prints, per file system: checks passed of planned and the ratio to tmpfs; then
 the failures of the last file system, grouped by test directory, with the
-failing files (the full TAP of each failing file goes to --log). Everything is
+failing files (the full TAP of each failing file goes to --log). Nothing that
+drops the kernel's caches (drop_caches: fuse_ceiling.py, mount.py) may run at the
+same time: a FUSE inode the kernel forgets gets a new number at its next lookup,
+and rename/09 and rename/10, which compare inode numbers, then fail by the hundred.
+Everything is
 unmounted and removed at the end, the bed torn down, also on errors and Ctrl-C.
 """
 from __future__ import annotations
