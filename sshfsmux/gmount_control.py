@@ -188,9 +188,10 @@ class GMountService(Service):
 
     def _watch(self, m: Mount, nid: str, sid: str) -> None:
         """Keep one `changes` call waiting on node `nid`'s mount: it answers
-        with what was written, removed or renamed through that mount, as its
-        export now holds it (a file written through a mount lands in that
-        node's export). Ends with the mount or the node."""
+        with what was written, removed or renamed through that mount: what its
+        export now holds (a new file lands in that node's export), what peers
+        hold of a file written through it that lives elsewhere, and what is
+        gone from every branch. Ends with the mount or the node."""
         def answered(ok: bool, error: str, result: Dict[str, Any]) -> None:
             if not ok or self.mounts.get(m.mountpoint) is not m:
                 return
@@ -198,9 +199,16 @@ class GMountService(Service):
                 if isinstance(f, list) and len(f) == 3:
                     self.head.catalog.add(os.path.join(m.mountpoint, str(f[0])), nid,
                                           int(f[1]), float(f[2]))
+            # written through this mount but held by peers (a write goes to
+            # the branches holding the file): their replicas, as they are now
+            by_name = {self._name(n): n for n in m.services if n in self.head.tree}
+            for f in result.get("elsewhere") or []:
+                if isinstance(f, list) and len(f) == 4 and str(f[3]) in by_name:
+                    self.head.catalog.add(os.path.join(m.mountpoint, str(f[0])), by_name[str(f[3])],
+                                          int(f[1]), float(f[2]))
             for rel in result.get("gone") or []:
-                # an unlink or rename through the mount removes the name from
-                # every branch
+                # gone from every branch of the merged view (an unlink or a
+                # rename through the mount removes the name everywhere)
                 self.head.catalog.remove(os.path.join(m.mountpoint, str(rel)))
             self._watch(m, nid, sid)
         self.head.call_service(sid, "changes", {}, answered)

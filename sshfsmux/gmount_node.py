@@ -120,6 +120,33 @@ def unmount(mountpoint: str) -> str:
     return ""
 
 
+def held_elsewhere(fs: "Any", rels: "List[str]") -> "Tuple[List[List[Any]], List[str]]":
+    """For changed names this node's export does not hold: ([rel, size,
+    mtime, node] for each peer holding the visible version, [rel gone from
+    every branch]). A write through this mount goes to the branches that
+    hold the file, so "not here" is not "gone" (the head would drop the
+    other nodes' replicas). A name no branch answers for (a peer that
+    errs) is in neither list: the catalog keeps what it knew."""
+    import errno
+    import stat
+    elsewhere: "List[List[Any]]" = []
+    gone: "List[str]" = []
+    for rel in rels:
+        if fs is None:
+            gone.append(rel)
+            continue
+        try:
+            v = fs._view("/" + rel, every=True)
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                gone.append(rel)
+            continue
+        for b, a in v.replicas:
+            if stat.S_ISREG(a["st_mode"]) and not b.local:
+                elsewhere.append([rel, int(a["st_size"]), float(a["st_mtime"]), str(b.node)])
+    return elsewhere, gone
+
+
 def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Callable[[], None]]":
     from sshfsmux.direct_branch import CALL_SECONDS, MAX_CALL_SECONDS, DirectBranch
     from sshfsmux.export_server import ExportServer
@@ -290,9 +317,15 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
         if len(every) > CHANGES_PAGE:     # the rest go with the next answer
             with changes_lock:
                 changes["paths"].update("/" + r for r in every[CHANGES_PAGE:])
-        files = export_scan.describe(export, rels, hashes=False)
-        held = set(f[0] for f in files)
-        reply(True, "", {"files": [f[:3] for f in files], "gone": [r for r in rels if r not in held]})
+
+        def work() -> None:
+            files = export_scan.describe(export, rels, hashes=False)
+            held = set(f[0] for f in files)
+            elsewhere, gone = held_elsewhere(state["fs"], [r for r in rels if r not in held])
+            in_loop(reply, True, "", {"files": [f[:3] for f in files], "elsewhere": elsewhere,
+                                      "gone": gone})
+        # the merged view asks the peers: not on the node's loop
+        threading.Thread(target=work, daemon=True).start()
 
     def arm() -> None:
         with changes_lock:

@@ -285,6 +285,35 @@ def test_files_written_through_the_mount_reach_the_catalog(mounted):
         _as_user(g, ["rm", "-rf", work])
 
 
+def test_a_file_written_through_another_nodes_mount_keeps_its_holder(mounted):
+    """A file only tl05 holds, appended to through tl06's mount: the write
+    goes to tl05's export, and the catalog says so (tl05, the new size), not
+    that the file is gone because tl06's export lacks it. Before the change
+    feed looked at the merged view, the entry vanished for every node."""
+    g, mnt = mounted
+    work = _workdir(g, mnt, "")
+    path = os.path.join(work, "lives-on-tl05")
+    try:
+        g.ok("e", "--hosts", "tl05", "head -c 300000 /dev/zero > %s" % path)
+        deadline = time.monotonic() + 20
+        while _where(g, [path])[path] != {"tl05": ("300000",)}:
+            assert time.monotonic() < deadline, _where(g, [path])
+            time.sleep(0.2)
+        g.ok("e", "--hosts", "tl06", "head -c 1000 /dev/zero >> %s" % path)
+        r = g.ok("e", "--hosts", "tl06", "stat -c %%s %s" % path)
+        assert r.stdout.split()[-1] == "301000", r.stdout
+        deadline = time.monotonic() + 20
+        while _where(g, [path])[path] != {"tl05": ("301000",)}:
+            assert time.monotonic() < deadline, _where(g, [path])
+            time.sleep(0.2)
+        # and it stays so once tl06's change feed has answered (0.3 s coalescing)
+        time.sleep(1.5)
+        assert _where(g, [path])[path] == {"tl05": ("301000",)}
+        assert _location(g, path) == {"tl05"}
+    finally:
+        _as_user(g, ["rm", "-rf", work])
+
+
 COLLOCATED = "".join("g%d:\n\thostname > grp/$@\n" % i for i in range(6)) + "".join(
     "f%d:\n\thostname > free/$@\n" % i for i in range(6)) + \
     "all: %s\n" % " ".join(["g%d" % i for i in range(6)] + ["f%d" % i for i in range(6)])
