@@ -170,8 +170,11 @@ class MakeService(Service):
             # a success counts once every mount shows its files as they are
             self.head.files_changed(node, paths, lambda: self._acted(key))
         elif paths is not None:
-            # a failed recipe's partial outputs never enter the catalog
-            self._acted(key)
+            # a failed recipe: every mount drops its caches of its files too
+            # (make's .DELETE_ON_ERROR deletes a target only if it sees a new
+            # mtime), but no node is named as their writer, so its partial
+            # outputs never enter the catalog
+            self.head.files_changed("", paths, lambda: self._acted(key))
         if self.waiting:
             self._retry()
 

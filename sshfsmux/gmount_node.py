@@ -120,31 +120,30 @@ def unmount(mountpoint: str) -> str:
     return ""
 
 
-def held_elsewhere(fs: "Any", rels: "List[str]") -> "Tuple[List[List[Any]], List[str]]":
-    """For changed names this node's export does not hold: ([rel, size,
-    mtime, node] for each peer holding the visible version, [rel gone from
-    every branch]). A write through this mount goes to the branches that
-    hold the file, so "not here" is not "gone" (the head would drop the
-    other nodes' replicas). A name no branch answers for (a peer that
-    errs) is in neither list: the catalog keeps what it knew."""
+def copies_of(fs: "Any", rels: "List[str]") -> "Tuple[List[List[Any]], List[str]]":
+    """What the merged view says of changed names: ([rel, size, mtime, node]
+    for every complete copy, the very list the location xattr names
+    (Xattrs.copies), [rel with no file: gone from every branch, or not a
+    regular file]). A write through this mount goes to the branches holding
+    the file, so "not in this export" is not "gone". A name some branch
+    cannot answer for (a peer that errs) is in neither list: the catalog
+    keeps what it knew."""
     import errno
-    import stat
-    elsewhere: "List[List[Any]]" = []
+    copies: "List[List[Any]]" = []
     gone: "List[str]" = []
     for rel in rels:
-        if fs is None:
-            gone.append(rel)
-            continue
         try:
-            v = fs._view("/" + rel, every=True)
+            if fs is None:
+                raise OSError(errno.ENOENT, "not mounted")
+            found = fs.file_copies("/" + rel)
         except OSError as e:
             if e.errno in (errno.ENOENT, errno.ENOTDIR):
                 gone.append(rel)
             continue
-        for b, a in v.replicas:
-            if stat.S_ISREG(a["st_mode"]) and not b.local:
-                elsewhere.append([rel, int(a["st_size"]), float(a["st_mtime"]), str(b.node)])
-    return elsewhere, gone
+        if not found:
+            gone.append(rel)
+        copies.extend([rel, size, mtime, node] for node, size, mtime in found)
+    return copies, gone
 
 
 def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Callable[[], None]]":
@@ -319,11 +318,8 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
                 changes["paths"].update("/" + r for r in every[CHANGES_PAGE:])
 
         def work() -> None:
-            files = export_scan.describe(export, rels, hashes=False)
-            held = set(f[0] for f in files)
-            elsewhere, gone = held_elsewhere(state["fs"], [r for r in rels if r not in held])
-            in_loop(reply, True, "", {"files": [f[:3] for f in files], "elsewhere": elsewhere,
-                                      "gone": gone})
+            copies, gone = copies_of(state["fs"], rels)
+            in_loop(reply, True, "", {"copies": copies, "gone": gone})
         # the merged view asks the peers: not on the node's loop
         threading.Thread(target=work, daemon=True).start()
 
