@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 import uuid
@@ -113,6 +114,11 @@ class LocalityBench(Bench):
         if self.mounted:
             self.guarded("unmounting", self.gxpc, "umount", self.mnt)
         self.guarded("quitting", self.quit_session)
+        # `gxpc e mkdir` made them on the head too (the hosts' go with the
+        # bed); the mountpoint only if empty: never through a mount
+        self.guarded("removing " + self.export, shutil.rmtree, self.export, True)
+        if os.path.isdir(self.mnt):
+            self.guarded("removing " + self.mnt, os.rmdir, self.mnt)
 
     # -- measuring -------------------------------------------------------------
     def rx_bytes(self) -> "dict[str, int]":
