@@ -18,8 +18,9 @@ What it does:
                reads into PARTS, align each part against the shared reference,
                merge), with --reads reads;
     mapreduce  every host writes its share of the input (--chunks chunks of
-               --chunk-mib MiB each, written where they will be read), then a
-               map recipe per chunk (md5sum and size) and one reduce.
+               --chunk-mib MiB each, chunk k on host k mod 8), then a map
+               recipe per chunk (cksum: it reads the chunk, little CPU) and
+               one reduce.
 * Each workflow twice, interleaved, --reps times: `locality` (the default:
   SOFT placement by the input bytes the replica catalog says each host holds)
   and `load` (GXP_PLACE=load on make's command line, which also overrides
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 import uuid
@@ -52,13 +54,17 @@ JOBS = 16
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = os.path.join(REPO, "examples", "pipeline")
 
+# A map reads its chunk once and does little with it (cksum: a checksum and
+# the size, as a scan or a filter would): the stage is bound by reading its
+# input, which is where placement matters. (A CPU-heavy map measures this
+# machine's 2 cores, shared by all 8 hosts, and not the placement.)
 MAPREDUCE = """\
 CHUNKS := $(sort $(wildcard in/chunk*.bin))
 all: total.txt
 counts/%.txt: in/%.bin
-\tmkdir -p counts && od -An -v -tu1 -w64 $< | tr -s ' ' '\\n' | sort -n | uniq -c > $@
+\tmkdir -p counts && cksum < $< > $@
 total.txt: $(patsubst in/%.bin,counts/%.txt,$(CHUNKS))
-\tcat $^ | awk '{n[$$2] += $$1} END {for (v in n) print v, n[v]}' | sort -n > $@
+\tcat $^ | awk '{n += $$2; print $$1} END {print "bytes", n}' > $@
 """
 
 # Confuga (push/pull paper, Table I): BWA, 826 jobs, 2 x 3.1 GB queries split
@@ -108,15 +114,20 @@ class LocalityBench(Bench):
         if self.mounted:
             self.guarded("unmounting", self.gxpc, "umount", self.mnt)
         self.guarded("quitting", self.quit_session)
+        # `gxpc e mkdir` made them on the head too (the hosts' go with the
+        # bed); the mountpoint only if empty: never through a mount
+        self.guarded("removing " + self.export, shutil.rmtree, self.export, True)
+        if os.path.isdir(self.mnt):
+            self.guarded("removing " + self.mnt, os.rmdir, self.mnt)
 
     # -- measuring -------------------------------------------------------------
-    def rx_bytes(self) -> int:
-        """Bytes the hosts received (bridge-side tx of every host's veth)."""
-        total = 0
+    def rx_bytes(self) -> "dict[str, int]":
+        """Bytes each host received (bridge-side tx of its veth)."""
+        got = {}
         for h in HOSTS:
             with open("/sys/class/net/%s/statistics/tx_bytes" % self.bed.host(h).veth) as f:
-                total += int(f.read())
-        return total
+                got[h] = int(f.read())
+        return got
 
     def as_user(self, argv, cwd=None, env=None, timeout=None):
         if cwd:
@@ -135,13 +146,22 @@ class LocalityBench(Bench):
             # on make's command line: it overrides the makefile's own
             # target-specific GXP_PLACE (the pipeline's HARD split) as well
             args = list(args) + ["GXP_PLACE=load"]
+        if self.a.explain:
+            args = ["--explain-placement"] + list(args)
         b0 = self.rx_bytes()
         t0 = time.monotonic()
-        self.timed(key, lambda: self.as_user([os.path.join(os.path.dirname(sys.executable), "gxpc"),
-                                              "make", "-s", "-j%d" % JOBS] + list(args),
-                                             cwd=work, env=env))
+        r = self.timed(key, lambda: self.as_user(
+            [os.path.join(os.path.dirname(sys.executable), "gxpc"), "make", "-s", "-j%d" % JOBS]
+            + list(args), cwd=work, env=env))
         self.add(key + " s", time.monotonic() - t0)
-        self.add(key + " MB", (self.rx_bytes() - b0) / 1e6)
+        if self.a.explain:
+            # where each recipe ran and why, for reading afterwards
+            with open(os.path.join(self.a.explain, key.replace(" ", "-") + ".txt"), "a") as f:
+                f.write(r.stderr)
+        b1 = self.rx_bytes()
+        per_host = [b1[h] - b0[h] for h in HOSTS]
+        self.add(key + " MB", sum(per_host) / 1e6)
+        self.add(key + " link MB", max(per_host) / 1e6)    # the busiest host's link
 
     # -- workflows -------------------------------------------------------------
     def pipeline(self, mode: str, rep: int) -> None:
@@ -157,11 +177,17 @@ class LocalityBench(Bench):
         with open(os.path.join(self.top, "mr.mk"), "w") as f:
             f.write(MAPREDUCE)
         self.as_user(["cp", os.path.join(self.top, "mr.mk"), os.path.join(work, "Makefile")])
-        # each host writes its share where it stands (its own export): not timed
+        # each host writes its share where it stands (its own export), not
+        # timed; chunk k is on host k mod 8, spread as a data set's blocks
+        # are (named by host, make's sorted order would ask for one host's
+        # chunks at a time)
         per = self.a.chunks // len(HOSTS)
-        self.gxpc("e", "i=0; while [ $i -lt %d ]; do head -c %d /dev/urandom "
-                  "> %s/in/chunk-$GXP_HOSTNAME-$i.bin; i=$((i+1)); done"
+        self.gxpc("e", "i=0; while [ $i -lt %d ]; do head -c %d /dev/urandom > %s/in/chunk-$(printf "
+                  "%%04d $((i * GXP_NUM_EXECS + GXP_EXEC_IDX))).bin; i=$((i+1)); done"
                   % (per, self.a.chunk_mib << 20, work))
+        r = self.as_user(["sh", "-c", 'ls "$1"/in | wc -l', "sh", work])
+        if int(r.stdout) != per * len(HOSTS):
+            raise BenchError("mapreduce: %s chunks written, not %d" % (r.stdout.strip(), per * len(HOSTS)))
         self.gmake("mapreduce " + mode, work, [], mode)
         self.as_user(["rm", "-rf", work])
 
@@ -176,13 +202,15 @@ class LocalityBench(Bench):
         print()
         print("locality-aware placement against load only: %d hosts, %s links, gxpc make -j%d, "
               "%d rep(s), medians" % (len(HOSTS), BW, JOBS, self.a.reps))
-        print("%-10s %-9s %12s %12s %10s" % ("workflow", "placement", "makespan s", "moved MB", "CPU busy"))
+        print("%-10s %-9s %12s %12s %14s %10s" % ("workflow", "placement", "makespan s", "moved MB",
+                                                  "busiest link", "CPU busy"))
         verdicts = []
         for wf in ("pipeline", "mapreduce"):
             for mode in ("locality", "load"):
                 k = "%s %s" % (wf, mode)
-                print("%-10s %-9s %12.1f %12.1f %9.0f%%" % (wf, mode, self.med(k + " s"), self.med(k + " MB"),
-                                                          100 * (self.med(k + " busy") or 0)))
+                print("%-10s %-9s %12.1f %12.1f %11.1f MB %9.0f%%" % (
+                    wf, mode, self.med(k + " s"), self.med(k + " MB"), self.med(k + " link MB"),
+                    100 * (self.med(k + " busy") or 0)))
             moved = (self.med(wf + " load MB"), self.med(wf + " locality MB"))
             span = (self.med(wf + " load s"), self.med(wf + " locality s"))
             print("%-10s bytes moved load/locality %s (goal >= 3x); makespan locality/load %s "
@@ -209,6 +237,8 @@ def main(argv=None) -> int:
     p.add_argument("--chunks", type=int, default=32, help="mapreduce input chunks (a multiple of 8)")
     p.add_argument("--chunk-mib", type=int, default=8)
     p.add_argument("--quick", action="store_true", help="1 rep, 50,000 reads, 16 chunks of 4 MiB")
+    p.add_argument("--explain", metavar="DIR", help="run make with --explain-placement and append "
+                   "what it says to DIR/WORKFLOW-PLACEMENT.txt")
     a = p.parse_args(argv)
     if a.quick:
         a.reps, a.reads, a.chunks, a.chunk_mib = 1, 50000, 16, 4

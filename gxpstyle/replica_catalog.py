@@ -91,6 +91,34 @@ class ReplicaCatalog:
             self._hashes.pop(key, None)      # a new version: the old hash is wrong
         return True
 
+    def set_replicas(self, path: str, copies: Dict[str, Tuple[int, float]]) -> bool:
+        """`path`'s complete copies are exactly `copies` (node -> size, mtime;
+        none: the path is gone): a mount's merged view of a changed file.
+        A known hash stays with a copy whose size and mtime did not change.
+        False if the catalog is full."""
+        old = self.replicas(path)
+        d, name = _split(path)
+        names = self._dirs.get(d)
+        if not copies:
+            self.remove(path)
+            return True
+        if not old and self.entries >= self.max_entries:
+            self.refused += 1
+            return False
+        packed = bytearray()
+        for node, (size, mtime) in copies.items():
+            packed += _REC.pack(self._index(node), int(size), float(mtime))
+        for node, (s, m, _) in old.items():
+            now = copies.get(node)
+            if now is None or now[0] != s or int(now[1]) != int(m):
+                self._hashes.pop(path + "|" + node, None)
+        if names is None:
+            names = self._dirs[d] = {}
+        if not old:
+            self.entries += 1
+        names[name] = bytes(packed)
+        return True
+
     def remove(self, path: str, node: Optional[str] = None) -> None:
         """`path` is gone (from `node` only, or everywhere)."""
         d, name = _split(path)

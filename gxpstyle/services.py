@@ -69,8 +69,10 @@ class Service:
 
     def files_changed(self, node: str, paths: List[str], done: Callable[[], None]) -> None:
         """Node `node` just wrote (or removed) `paths` (absolute, as users see
-        them on the nodes). A service that caches what these files look like
-        (a mount's kernel caches, the replica catalog's sizes) acts, then
+        them on the nodes); `node` is "" when nobody wrote them as complete
+        files (a failed recipe: caches go, nothing is recorded). A service
+        that caches what these files look like (a mount's kernel caches, the
+        replica catalog's sizes) acts, then
         calls done() exactly once; Head.files_changed waits for every
         service's done before it answers. The default acts on nothing."""
         done()

@@ -130,7 +130,7 @@ class MakeService(Service):
         def fire() -> None:
             self._timer = None
             self._retry()
-        self._timer = self.head.loop.call_later(self.placement.delay / 4.0, fire)
+        self._timer = self.head.loop.call_later(max(0.1, self.placement.delay / 4.0), fire)
 
     def _retry(self) -> None:
         waiting, self.waiting = self.waiting, []
@@ -162,14 +162,19 @@ class MakeService(Service):
     # -- write-on-exit ---------------------------------------------------------------
     def job_done(self, client: str, job: int, node: str, status: int, error: str) -> None:
         key = (client, job)
-        self.scheduler.finished(key)
+        ran = self.scheduler.finished(key)
+        if ran is not None and status == 0:
+            self.placement.observe(ran)      # the SOFT delay follows run times
         paths = self.paths.pop(key, None)
         if paths is not None and status == 0:
             # a success counts once every mount shows its files as they are
             self.head.files_changed(node, paths, lambda: self._acted(key))
         elif paths is not None:
-            # a failed recipe's partial outputs never enter the catalog
-            self._acted(key)
+            # a failed recipe: every mount drops its caches of its files too
+            # (make's .DELETE_ON_ERROR deletes a target only if it sees a new
+            # mtime), but no node is named as their writer, so its partial
+            # outputs never enter the catalog
+            self.head.files_changed("", paths, lambda: self._acted(key))
         if self.waiting:
             self._retry()
 

@@ -6,9 +6,13 @@ already holds of the recipe's inputs, and the recipe's hints:
 
 - no hint (SOFT, the default): the free node whose host holds the most input
   bytes, when the inputs the catalog knows add up to LOCALITY_MIN or more; if
-  the best holder is busy, wait up to `delay` seconds for a slot there (delay
-  scheduling), then take the free node holding the most; with fewer input
-  bytes known, the least busy node (load balance, as before).
+  the best holder is busy, wait for a slot there (delay scheduling), then take
+  the free node holding the most; with fewer input bytes known, the least
+  busy node (load balance, as before). The wait follows the recipes' run
+  times: DELAY_SHARE of the median of the last RUNS_KEPT recipes' (a busy
+  node frees a slot about that often), within DELAY_MIN..DELAY_MAX; DELAY
+  before any recipe has ended. A preference the makefile states (GXP_ON
+  with GXP_PLACE=soft, a collocation group) waits at least DELAY.
 - GXP_PLACE=hard: only the host holding the most input bytes (Hercules'
   HARD): wait for a slot there, however long.
 - GXP_PLACE=load: by load alone, whatever the inputs (a scatter stage; also
@@ -26,12 +30,20 @@ Head-only; no I/O: the service sends the messages.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Deque, Dict, List, Optional, Sequence
 
 from gxpstyle import hostpattern
 
-DELAY = 3.0        # seconds a SOFT recipe waits for a slot next to its data
+DELAY = 3.0        # seconds a SOFT recipe waits for a slot next to its data, at first
+# Then a share of a typical run time (Zaharia et al., delay scheduling: with
+# recipes of length T and S slots a node frees one about every T/S, so a
+# wait of a fraction of T finds the data's node free most of the time; a
+# fixed 3 s is too short for minute-long stages and too long for 0.1 s ones).
+DELAY_SHARE = 0.5
+DELAY_MIN, DELAY_MAX = 0.5, 60.0
+RUNS_KEPT = 64     # recent run times the median is taken over
 # Inputs smaller than this go by load: fetching 64 KiB costs a few ms even at
 # 100 Mbit/s, less than piling small recipes onto one node costs.
 LOCALITY_MIN = 64 << 10
@@ -66,10 +78,27 @@ class Decision:
 
 @dataclass
 class Placement:
-    delay: float = DELAY
+    fixed_delay: Optional[float] = None   # a fixed SOFT delay; None: follow run times
     min_bytes: int = LOCALITY_MIN
     groups: Dict[str, str] = field(default_factory=dict)   # collocation group -> node id
     _turn: int = 0
+    _runs: Deque[float] = field(default_factory=lambda: deque(maxlen=RUNS_KEPT))
+
+    def observe(self, seconds: float) -> None:
+        """A recipe ran for `seconds` (successful ones: a failure says little
+        about how long the stage takes)."""
+        if seconds >= 0:
+            self._runs.append(seconds)
+
+    @property
+    def delay(self) -> float:
+        """How long a SOFT recipe waits for its data's node now."""
+        if self.fixed_delay is not None:
+            return self.fixed_delay
+        if not self._runs:
+            return DELAY
+        runs = sorted(self._runs)
+        return min(DELAY_MAX, max(DELAY_MIN, DELAY_SHARE * runs[len(runs) // 2]))
 
     def matcher(self, on: str, masks: Dict[str, "set[str]"]) -> Callable[[NodeView], bool]:
         """Which nodes GXP_ON names (PatternError for a bad pattern)."""
@@ -128,14 +157,19 @@ class Placement:
                 return Decision(None, "waiting for %s (%s)" % (
                     preferred[0].names[0], "GXP_PLACE=hard" if hints.place == "hard"
                     else "dp=local"))
-            if now - waited_since < self.delay:
-                return Decision(None, "waiting up to %gs for %s" % (self.delay, preferred[0].names[0]),
-                                retry_at=waited_since + self.delay)
+            delay = self.delay
+            if self.fixed_delay is None and (on_soft or why_pref.startswith("collocation")):
+                # a preference the makefile states waits at least DELAY: it
+                # is not a fetch weighed against a wait
+                delay = max(DELAY, delay)
+            if now - waited_since < delay:
+                return Decision(None, "waiting up to %.3gs for %s" % (delay, preferred[0].names[0]),
+                                retry_at=waited_since + delay)
             others = [n for n in pool if free(n)] or pool
             best = max(local(n) for n in others)
             # the next best holder, if it holds enough to matter; else by load
             pick = self._least_busy([n for n in others if local(n) == best or best < self.min_bytes])
-            return self._take(pick, "%s busy past %gs; load" % (preferred[0].names[0], self.delay),
+            return self._take(pick, "%s busy past %.3gs; load" % (preferred[0].names[0], delay),
                               held, total, group)
         return self._take(self._least_busy(pool), "load" if not hints.on else
                           "GXP_ON=%s, load" % hints.on, held, total, group)

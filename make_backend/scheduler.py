@@ -8,24 +8,29 @@ Head-only; no I/O here: the daemon sends the messages.
 """
 from __future__ import annotations
 
-from typing import Dict, Tuple
+import time
+from typing import Dict, Optional, Tuple
 
 
 class MakeScheduler:
     def __init__(self) -> None:
         self.running: Dict[str, int] = {}                       # node id -> slots its recipes take
-        self.jobs: Dict[Tuple[str, int], Tuple[str, int]] = {}  # (client, job) -> (node id, slots)
+        # (client, job) -> (node id, slots, when it started)
+        self.jobs: Dict[Tuple[str, int], Tuple[str, int, float]] = {}
 
     def started(self, key: Tuple[str, int], nid: str, slots: int = 1) -> None:
-        self.jobs[key] = (nid, slots)
+        self.jobs[key] = (nid, slots, time.monotonic())
         self.running[nid] = self.running.get(nid, 0) + slots
 
-    def finished(self, key: Tuple[str, int]) -> None:
+    def finished(self, key: Tuple[str, int]) -> Optional[float]:
+        """The job's slots are free again; returns how long it ran."""
         held = self.jobs.pop(key, None)
-        if held is not None:
-            nid, slots = held
-            left = self.running.get(nid, slots) - slots
-            if left > 0:
-                self.running[nid] = left
-            else:
-                self.running.pop(nid, None)
+        if held is None:
+            return None
+        nid, slots, since = held
+        left = self.running.get(nid, slots) - slots
+        if left > 0:
+            self.running[nid] = left
+        else:
+            self.running.pop(nid, None)
+        return time.monotonic() - since

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from gxpstyle import wire
 from gxpstyle.schema import Bool, Opt, Rec, Str
@@ -188,22 +188,57 @@ class GMountService(Service):
 
     def _watch(self, m: Mount, nid: str, sid: str) -> None:
         """Keep one `changes` call waiting on node `nid`'s mount: it answers
-        with what was written, removed or renamed through that mount, as its
-        export now holds it (a file written through a mount lands in that
-        node's export). Ends with the mount or the node."""
+        with the names written, removed or renamed through that mount: every
+        complete copy of each (the merged view's, as the location xattr
+        names them; a write goes to the branches holding the file, so not
+        only to that node's export) and the names no branch holds a file
+        under. Ends with the mount or the node."""
         def answered(ok: bool, error: str, result: Dict[str, Any]) -> None:
             if not ok or self.mounts.get(m.mountpoint) is not m:
                 return
-            for f in result.get("files") or []:
-                if isinstance(f, list) and len(f) == 3:
-                    self.head.catalog.add(os.path.join(m.mountpoint, str(f[0])), nid,
-                                          int(f[1]), float(f[2]))
-            for rel in result.get("gone") or []:
-                # an unlink or rename through the mount removes the name from
-                # every branch
-                self.head.catalog.remove(os.path.join(m.mountpoint, str(rel)))
+            # every complete copy of each changed file, as the mount's
+            # location xattr names them (Xattrs.copies): the catalog takes
+            # that list whole, so the two agree
+            by_name = {self._name(n): n for n in m.services if n in self.head.tree}
+            copies: Dict[str, Dict[str, Tuple[int, float]]] = {}
+            for f in result.get("copies") or []:
+                if isinstance(f, list) and len(f) == 4:
+                    where = copies.setdefault(str(f[0]), {})
+                    if str(f[3]) in by_name:
+                        where[by_name[str(f[3])]] = (int(f[1]), float(f[2]))
+            for rel, where in copies.items():
+                self.head.catalog.set_replicas(os.path.join(m.mountpoint, rel), where)
+            gone = [str(rel) for rel in result.get("gone") or []]
+            if gone:
+                # no file under those names in any branch of the merged view
+                # (an unlink or a rename through the mount removes it
+                # everywhere, make's .DELETE_ON_ERROR too): the other mounts
+                # drop their kernel caches of them, then the catalog forgets
+                # them (in that order: who sees the catalog say "gone" sees
+                # no stale file on any mount)
+                def forget() -> None:
+                    for rel in gone:
+                        self.head.catalog.remove(os.path.join(m.mountpoint, rel))
+                self._invalidate(m, sid, gone, forget)
             self._watch(m, nid, sid)
         self.head.call_service(sid, "changes", {}, answered)
+
+    def _invalidate(self, m: Mount, skip: str, rels: List[str], done: Callable[[], None]) -> None:
+        """Every live mount of `m` but service `skip` drops its kernel caches
+        of `rels`; done() once all have answered (or are lost)."""
+        pending = {sid for sid in m.services.values() if sid != skip
+                   and self.head.tree.get(sid) is not None and self.head.tree[sid].state == "up"}
+        if not pending:
+            done()
+            return
+        for sid in list(pending):
+            def acted(ok: bool, error: str, result: Dict[str, Any], sid: str = sid) -> None:
+                if not ok:
+                    self.head.write_log("gmount: %s: dropping caches: %s" % (sid, error))
+                pending.discard(sid)
+                if not pending:
+                    done()
+            self.head.call_service(sid, "changed", {"paths": rels}, acted)
 
     def _mount_of(self, path: str) -> Optional[Mount]:
         for mp, m in self.mounts.items():
@@ -215,7 +250,8 @@ class GMountService(Service):
         """Write-on-exit: every live mount drops its kernel caches for `paths`
         and the mount of the host that ran the recipe (it holds what the
         recipe wrote: creates land in the local export) describes them for
-        the catalog; done() once every mount has answered (or is lost)."""
+        the catalog (none when `node` is "": a failed recipe's files); done()
+        once every mount has answered (or is lost)."""
         by_mount: Dict[str, List[str]] = {}
         for p in paths:
             found = self._mount_of(os.path.normpath(p))
@@ -223,7 +259,7 @@ class GMountService(Service):
                 by_mount.setdefault(found.mountpoint, []).append(
                     os.path.relpath(os.path.normpath(p), found.mountpoint))
         pending: Set[Any] = set()
-        host = self.head.tree[node].hostname if node in self.head.tree else ""
+        host = self.head.tree[node].hostname if node in self.head.tree else None
 
         def acted(key: Any) -> None:
             pending.discard(key)

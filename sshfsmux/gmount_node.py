@@ -120,6 +120,32 @@ def unmount(mountpoint: str) -> str:
     return ""
 
 
+def copies_of(fs: "Any", rels: "List[str]") -> "Tuple[List[List[Any]], List[str]]":
+    """What the merged view says of changed names: ([rel, size, mtime, node]
+    for every complete copy, the very list the location xattr names
+    (Xattrs.copies), [rel with no file: gone from every branch, or not a
+    regular file]). A write through this mount goes to the branches holding
+    the file, so "not in this export" is not "gone". A name some branch
+    cannot answer for (a peer that errs) is in neither list: the catalog
+    keeps what it knew."""
+    import errno
+    copies: "List[List[Any]]" = []
+    gone: "List[str]" = []
+    for rel in rels:
+        try:
+            if fs is None:
+                raise OSError(errno.ENOENT, "not mounted")
+            found = fs.file_copies("/" + rel)
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                gone.append(rel)
+            continue
+        if not found:
+            gone.append(rel)
+        copies.extend([rel, size, mtime, node] for node, size, mtime in found)
+    return copies, gone
+
+
 def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Callable[[], None]]":
     from sshfsmux.direct_branch import CALL_SECONDS, MAX_CALL_SECONDS, DirectBranch
     from sshfsmux.export_server import ExportServer
@@ -290,9 +316,12 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
         if len(every) > CHANGES_PAGE:     # the rest go with the next answer
             with changes_lock:
                 changes["paths"].update("/" + r for r in every[CHANGES_PAGE:])
-        files = export_scan.describe(export, rels, hashes=False)
-        held = set(f[0] for f in files)
-        reply(True, "", {"files": [f[:3] for f in files], "gone": [r for r in rels if r not in held]})
+
+        def work() -> None:
+            copies, gone = copies_of(state["fs"], rels)
+            in_loop(reply, True, "", {"copies": copies, "gone": gone})
+        # the merged view asks the peers: not on the node's loop
+        threading.Thread(target=work, daemon=True).start()
 
     def arm() -> None:
         with changes_lock:

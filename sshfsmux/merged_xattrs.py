@@ -15,7 +15,9 @@ from .merged_handles import View
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional
+    from typing import Dict, List, Optional, Tuple
+
+    from .branch import Branch
 
 XA_LOCATION = "user.sshfsmux.location"
 XA_CONFLICT = "user.sshfsmux.conflict"
@@ -40,6 +42,30 @@ class Xattrs:
         def _is_chain(self, path: Optional[str]) -> bool: ...
         def _writable(self) -> None: ...
 
+    # -- where a file is -------------------------------------------------
+    @staticmethod
+    def copies(v: View) -> "List[Tuple[Branch, int, float]]":
+        """The branches holding a complete copy of the visible version of a
+        name that is not a directory, with its size and mtime: what
+        user.sshfsmux.location names and what the GMount change feed tells
+        the head's replica catalog (gmount_node.py), one list so that the
+        two agree by construction."""
+        size = v.attrs["st_size"]
+        out: "List[Tuple[Branch, int, float]]" = []
+        for b, a in v.replicas:
+            if a["st_size"] == size and all(b.node != c.node for c, _, _ in out):
+                out.append((b, int(size), float(a["st_mtime"])))
+        return out
+
+    def file_copies(self, path: str) -> "List[Tuple[str, int, float]]":
+        """(node, size, mtime) of every complete copy of `path` (copies()),
+        none for anything but a regular file; OSError ENOENT when no branch
+        holds the name."""
+        v = self._view(path, every=True)
+        if not stat.S_ISREG(v.attrs["st_mode"]):
+            return []
+        return [(b.node, size, mtime) for b, size, mtime in self.copies(v)]
+
     # -- extended attributes -------------------------------------------
     def _location(self, path: str, v: View) -> bytes:
         nodes: "List[str]" = []
@@ -47,19 +73,17 @@ class Xattrs:
             for b, a in v.holders:
                 if stat.S_ISDIR(a["st_mode"]) and b.node not in nodes:
                     nodes.append(b.node)
-        else:
-            size, mtime = v.attrs["st_size"], int(v.attrs["st_mtime"])
-            replica_here = False
-            for b, a in v.replicas:
-                if a["st_size"] != size:
-                    continue
-                if b.node not in nodes:
-                    nodes.append(b.node)
-                has = getattr(b, "has_replica", None)
-                if has is not None and has(path, size, mtime):
-                    replica_here = True
-            if replica_here and self.node not in nodes:
-                nodes.append(self.node)
+            return ",".join(nodes).encode()
+        replica_here = False
+        for b, size, mtime in self.copies(v):
+            nodes.append(b.node)
+            # an sshfsm branch's local replica of its file (a cache of this
+            # mount's own, not a copy the catalog places recipes by)
+            has = getattr(b, "has_replica", None)
+            if has is not None and has(path, size, int(mtime)):
+                replica_here = True
+        if replica_here and self.node not in nodes:
+            nodes.append(self.node)
         return ",".join(nodes).encode()
 
     def _hint_get(self, path: str, v: View, name: str) -> "Optional[bytes]":

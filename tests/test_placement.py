@@ -33,7 +33,7 @@ def test_the_holder_of_the_most_bytes_wins_over_load():
 
 
 def test_soft_waits_for_the_holder_then_runs_elsewhere():
-    p = Placement(delay=3.0)
+    p = Placement(fixed_delay=3.0)
     busy = nodes({3: 2})
     d = p.decide(busy, {"tb03": 900 * K, "tb01": 100 * K}, 1000 * K, Hints(), 10.0, 11.0, {})
     assert d.node is None and d.retry_at == 13.0
@@ -42,7 +42,7 @@ def test_soft_waits_for_the_holder_then_runs_elsewhere():
 
 
 def test_hard_waits_however_long():
-    p = Placement(delay=3.0)
+    p = Placement(fixed_delay=3.0)
     d = p.decide(nodes({3: 2}), {"tb03": 900 * K}, 900 * K, Hints(place="hard"), 0.0, 1e6, {})
     assert d.node is None and "GXP_PLACE=hard" in d.why
     d = p.decide(nodes({3: 2}), {"tb03": 900 * K}, 900 * K, Hints(dp="local"), 0.0, 1e6, {})
@@ -50,7 +50,7 @@ def test_hard_waits_however_long():
 
 
 def test_gxp_on_restricts_and_soft_prefers():
-    p = Placement(delay=1.0)
+    p = Placement(fixed_delay=1.0)
     d = p.decide(nodes(), {"tb03": 900 * K}, 900 * K, Hints(on="tb02"), 0.0, 0.0, {})
     assert d.node == "0.2" and d.fetch == 900 * K
     d = p.decide(nodes(), {}, 0, Hints(on="tb[[01-02]]"), 0.0, 0.0, {})
@@ -82,7 +82,36 @@ def test_load_ignores_the_data():
 
 
 def test_a_spill_goes_by_load_when_nobody_else_holds_much():
-    p = Placement(delay=1.0)
+    p = Placement(fixed_delay=1.0)
     picks = {p.decide(nodes({3: 2}), {"tb03": 900 * K, "tb01": 10}, 900 * K, Hints(), 0.0, 5.0, {}).node
              for _ in range(6)}
     assert "0.3" not in picks and len(picks) >= 2
+
+
+def test_the_soft_delay_follows_the_recipes_run_times():
+    """Delay scheduling: DELAY until a recipe has ended, then a share of the
+    median run time, within its bounds; a fixed delay stays fixed."""
+    from make_backend import placement
+    p = Placement()
+    assert p.delay == placement.DELAY
+    for s in (20.0, 21.0, 400.0, 19.0, 22.0):
+        p.observe(s)
+    assert p.delay == placement.DELAY_SHARE * 21.0
+    busy = nodes({3: 2})
+    held = {"tb03": 900 * K}
+    # a 10 s wait: too short for 20 s recipes to give up on tb03 ...
+    assert p.decide(busy, held, 900 * K, Hints(), 0.0, 10.0, {}).node is None
+    # ... past half of one, it runs elsewhere
+    d = p.decide(busy, held, 900 * K, Hints(), 0.0, 10.6, {})
+    assert d.node not in (None, "0.3") and "busy past 10.5s" in d.why
+    for _ in range(placement.RUNS_KEPT):
+        p.observe(0.01)
+    assert p.delay == placement.DELAY_MIN
+    # a stated preference (here GXP_ON soft) still waits DELAY for its node
+    soft_on = Hints(on="tb03", place="soft")
+    assert p.decide(busy, {}, 0, soft_on, 0.0, placement.DELAY - 0.1, {}).node is None
+    assert p.decide(busy, {}, 0, soft_on, 0.0, placement.DELAY + 0.1, {}).node not in (None, "0.3")
+    for _ in range(placement.RUNS_KEPT):
+        p.observe(1e4)
+    assert p.delay == placement.DELAY_MAX
+    assert Placement(fixed_delay=3.0).delay == 3.0

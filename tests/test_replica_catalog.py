@@ -34,6 +34,25 @@ def test_a_changed_file_drops_the_stale_copies():
     assert c.replicas("/m/x") == {} and len(c) == 0
 
 
+def test_set_replicas_takes_a_merged_view_whole():
+    """A mount's change feed says which nodes hold a file now: those and
+    only those, a known hash kept where the copy did not change."""
+    c = ReplicaCatalog()
+    c.add("/m/x", "0.1", 10, 1.0, "h1")
+    c.add("/m/x", "0.2", 10, 1.0, "h2")
+    assert c.set_replicas("/m/x", {"0.1": (10, 1.5), "0.3": (10, 1.0)})
+    assert c.replicas("/m/x") == {"0.1": (10, 1.5, "h1"), "0.3": (10, 1.0, None)}
+    c.set_replicas("/m/x", {"0.1": (20, 2.0)})             # appended to: the hash is stale
+    assert c.replicas("/m/x") == {"0.1": (20, 2.0, None)} and len(c) == 1
+    c.set_replicas("/m/y", {"0.2": (5, 1.0)})
+    assert len(c) == 2
+    c.set_replicas("/m/x", {})
+    assert c.replicas("/m/x") == {} and len(c) == 1
+    full = ReplicaCatalog(max_entries=1)
+    full.set_replicas("/m/a", {"0.1": (1, 1.0)})
+    assert not full.set_replicas("/m/b", {"0.1": (1, 1.0)}) and full.refused == 1
+
+
 def test_a_lost_subtree_drops_its_replicas_only():
     c = ReplicaCatalog()
     c.add("/m/a", "0.1", 1, 1.0)
