@@ -47,8 +47,9 @@ waiting for a node; nodes busy).
                   the session's tree for every node needing the file), below
                   it the node pulls them from the holders in random order.
                   SIZE in bytes, with K, M, G (powers of 1024); 0 pushes
-                  everything, inf pulls everything. Default 8M (measured:
-                  benchmarks/transfers.py)
+                  everything, inf pulls everything. Default 1M: measured
+                  (benchmarks/transfers.py --workflows), a push was never
+                  slower than a pull from 512K up
   --transfer-slots N
                   transfers a node receives at once (1 to 64, default 1)
   --trace FILE    one JSON line per recipe and per transfer: node, file, bytes,

@@ -38,9 +38,14 @@ from gxpstyle import wire
 from make_backend.transfer_trace import TraceFile
 
 INF = 1 << 62                      # `inf` on the wire: pull everything
-DEFAULT_PULL_THRESHOLD = 8 << 20   # benchmarks/transfers.py, BWA-shaped workflow
+# benchmarks/transfers.py --workflows on 8 hosts at 100 Mbit/s: a push was as
+# fast as a pull or faster for every size tried (512 KiB to 48 MiB; it goes
+# along the tree once for all the nodes needing a file, from the least busy
+# holder); under ~1 MiB a transfer costs its fixed latency (open, plan, adopt)
+# either way, and pulls spread over random holders without the head ordering them.
+DEFAULT_PULL_THRESHOLD = 1 << 20
 BATCH_DELAY = 0.05                 # seconds a push waits for more nodes needing its file
-MAX_SOURCES = 3                    # holders a transfer opens (each hashes the whole file)
+MAX_SOURCES = 2                    # holders a transfer opens (each hashes the whole file)
 
 Key = Tuple[str, int]              # (client, job)
 
@@ -85,6 +90,7 @@ class TransferPlanner:
         self.needs: Dict[Tuple[str, str], Need] = {}   # (node, path) -> queued or running
         self.queue: List[Need] = []
         self.busy: Dict[str, int] = {}                 # node -> transfers it receives now
+        self.feeding: Dict[str, int] = {}              # node -> transfers it is the first source of
         self.stages: Dict[Key, Stage] = {}
         self.seq = 0
         self._armed = False
@@ -190,7 +196,10 @@ class TransferPlanner:
     def _start(self, group: List[Need]) -> None:
         first = group[0]
         holders = [n for n in self.head.catalog.holders(first.path) if self._up(n)]
-        if first.push or first.order == "fixed":
+        if first.push:
+            # the head plans: the holder feeding the fewest transfers first
+            holders.sort(key=lambda n: (self.feeding.get(n, 0), _id_key(n)))
+        elif first.order == "fixed":
             holders.sort(key=_id_key)
         else:
             self.rng.shuffle(holders)
@@ -207,10 +216,13 @@ class TransferPlanner:
             n.running, n.started = True, now
             self.busy[n.node] = self.busy.get(n.node, 0) + 1
         by_node = {n.node: n for n in group}
+        src = holders[0]
+        self.feeding[src] = self.feeding.get(src, 0) + 1
         self.head.bcast.start(holders[:MAX_SOURCES], first.path, list(by_node), "/nonexistent",
-                              lambda t: self._done(t, by_node), dests=dests)
+                              lambda t: self._done(t, by_node, src), dests=dests)
 
-    def _done(self, t: Any, by_node: Dict[str, Need]) -> None:
+    def _done(self, t: Any, by_node: Dict[str, Need], src: str) -> None:
+        self.feeding[src] = max(0, self.feeding.get(src, 0) - 1)
         failed = t.failed()
         for node, need in by_node.items():
             self.busy[node] = max(0, self.busy.get(node, 0) - 1)
