@@ -138,6 +138,48 @@ class BcastService(Service):
             self.head.send(s, {"op": "bc_open", "bc": t.id, "path": path, "chunk": CHUNK})
         return t
 
+    def join(self, t: Transfer, nid: str, dest: str) -> bool:
+        """Add target `nid` to transfer `t` while it runs: it is fed along the
+        tree from the nearest member on its path to the primary (a relay such
+        as the head already holds what has passed), from chunk 0, so a node
+        that needs the file a moment later costs the source's link nothing.
+        False if it cannot join (finished, failed, or `nid` already in it):
+        then start a transfer of its own."""
+        if t.finished or t.error or nid in t.targets or nid in t.members or not self._up(nid):
+            return False
+        if not t.members:           # not planned yet: planned with the others
+            t.targets.append(nid)
+            t.dests[nid] = dest
+            return True
+        path: List[str] = []
+        hop = nid
+        while True:                 # the tree path to the first member that is fed
+            nxt = _next_hop(hop, t.primary)
+            hm = t.members.get(nxt)
+            if hm is not None and hm.error and not hm.source:
+                return False
+            path.append(nxt)
+            if hm is not None and (hm.source or hm.feeder is not None):
+                break
+            hop = nxt
+        t.targets.append(nid)
+        t.dests[nid] = dest.replace("{sha256}", t.sha)
+        chain = [Member(nid, target=True)]
+        for x in path[:-1]:
+            chain.append(t.members.get(x) or Member(x, relay=True))
+        for a, b in zip(chain, path):
+            a.feeder = b
+        name = os.path.basename(t.path.rstrip("/")) or "file"
+        for m in chain:
+            if m.id not in t.members:
+                t.members[m.id] = m
+                self.head.send(m.id, {"op": "bc_plan", "bc": t.id, "size": t.size, "mode": t.mode,
+                                      "sha256": t.sha, "chunk": CHUNK,
+                                      "dest": t.dests[m.id] if m.target else "", "name": name})
+        for m in reversed(chain):
+            self._feed(t, m, m.feeder or "")
+        return True
+
     def on_opened(self, src: str, msg: Dict[str, Any]) -> None:
         t = self.transfers.get(msg["bc"])
         if t is None or t.members or src not in t.sources or src in t.opened:

@@ -170,10 +170,11 @@ def parse_size(text: str) -> int:
     n = value * _UNITS[unit]
     if n != n or n in (float("inf"), float("-inf")):
         raise MakeUsage("--pull-threshold must be a size such as 64K, 128M or inf, got %r" % text)
-    try:
-        return int(limits.check("pull_threshold", int(n), "--pull-threshold"))
-    except limits.RangeError as e:
-        raise MakeUsage(str(e))
+    if n < 0:
+        raise MakeUsage("--pull-threshold must be 0 or more (bytes, K, M, G) or inf, got %r" % text)
+    if n >= 1 << 62:
+        raise MakeUsage("--pull-threshold %s is past 4 EiB: say inf to pull everything" % text)
+    return int(limits.check("pull_threshold", int(n), "--pull-threshold"))
 
 
 def open_trace(path: str) -> None:
@@ -355,6 +356,9 @@ def _run(client: Optional[Any], session_dir: str, local: bool, make_args: List[s
         if joblog is not None:
             sys.stderr.write("gxpc make: the job log needs the compiled hook (no C compiler here); "
                              "it stays empty\n")
+        if transfer:
+            sys.stderr.write("gxpc make: --pull-threshold, --transfer-slots and --trace need the "
+                             "compiled hook (no C compiler here); the defaults apply, no trace\n")
         env["GXP_SESSION"] = session_dir
         argv += ["SHELL=" + sys.executable, ".SHELLFLAGS=" + JOB_SHELL_FLAGS]
         return run_make(argv + make_args, env)

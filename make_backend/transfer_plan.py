@@ -91,6 +91,7 @@ class TransferPlanner:
         self.queue: List[Need] = []
         self.busy: Dict[str, int] = {}                 # node -> transfers it receives now
         self.feeding: Dict[str, int] = {}              # node -> transfers it is the first source of
+        self.pushing: Dict[str, Tuple[Any, Dict[str, Need]]] = {}   # path -> its running push
         self.stages: Dict[Key, Stage] = {}
         self.seq = 0
         self._armed = False
@@ -187,11 +188,31 @@ class TransferPlanner:
             if not any(not w.cancelled for w in need.waiters):
                 self._finish(need)      # every recipe that wanted it is gone
                 continue
+            if need.push and self._join(need):
+                continue
             group = [need]
             if need.push:
                 group += [n for n in self.queue if n is not need and not n.running and n.push
                           and n.path == need.path and n.node != need.node and self._free(n)]
             self._start(group)
+
+    def _join(self, need: Need) -> bool:
+        """A push of this file is under way: the node joins it (fed along the
+        tree from what has already passed), rather than a second copy leaving
+        the source."""
+        running = self.pushing.get(need.path)
+        if running is None:
+            return False
+        t, by_node = running
+        d = self.head.replica_dir(need.node, need.path)
+        self.seq += 1
+        if d is None or not self.head.bcast.join(t, need.node, os.path.join(
+                d, ".tmp-xfer-%d-{sha256}" % self.seq)):
+            return False
+        need.running, need.started = True, time.time()
+        self.busy[need.node] = self.busy.get(need.node, 0) + 1
+        by_node[need.node] = need
+        return True
 
     def _start(self, group: List[Need]) -> None:
         first = group[0]
@@ -218,11 +239,15 @@ class TransferPlanner:
         by_node = {n.node: n for n in group}
         src = holders[0]
         self.feeding[src] = self.feeding.get(src, 0) + 1
-        self.head.bcast.start(holders[:MAX_SOURCES], first.path, list(by_node), "/nonexistent",
-                              lambda t: self._done(t, by_node, src), dests=dests)
+        t = self.head.bcast.start(holders[:MAX_SOURCES], first.path, list(by_node), "/nonexistent",
+                                  lambda t: self._done(t, by_node, src), dests=dests)
+        if first.push and t is not None and not t.finished:
+            self.pushing[first.path] = (t, by_node)
 
     def _done(self, t: Any, by_node: Dict[str, Need], src: str) -> None:
         self.feeding[src] = max(0, self.feeding.get(src, 0) - 1)
+        if self.pushing.get(t.path, (None,))[0] is t:
+            del self.pushing[t.path]
         failed = t.failed()
         for node, need in by_node.items():
             self.busy[node] = max(0, self.busy.get(node, 0) - 1)

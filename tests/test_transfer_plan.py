@@ -26,12 +26,20 @@ class FakeHead:
         self.timers: list = []
         self.loop = SimpleNamespace(call_later=lambda dt, fn: self.timers.append(fn))
         self.started: list = []      # (sources, path, targets, on_done, dests)
-        self.bcast = SimpleNamespace(start=self._start)
+        self.bcast = SimpleNamespace(start=self._start, join=self._join)
         self.adopted: list = []
         self.logs: list = []
+        self.transfers: list = []
 
     def _start(self, sources, path, targets, dest, on_done, dests=None):
         self.started.append((list(sources), path, list(targets), on_done, dict(dests or {})))
+        self.transfers.append(SimpleNamespace(path=path, finished=False, index=len(self.started) - 1))
+        return self.transfers[-1]
+
+    def _join(self, t, node, dest):
+        self.started[t.index][2].append(node)
+        self.started[t.index][4][node] = dest
+        return True
 
     def replica_dir(self, node, path):
         return "/store/" + node if path.startswith("/mnt/") else None
@@ -50,8 +58,11 @@ class FakeHead:
 
     def finish(self, i: int, failed=None) -> None:
         sources, path, targets, on_done, dests = self.started[i]
-        on_done(SimpleNamespace(error="", failed=lambda: dict(failed or {}), primary=sources[0],
-                                dests={t: d.replace("{sha256}", "ab") for t, d in dests.items()}))
+        t = self.transfers[i]
+        t.finished, t.error, t.primary = True, "", sources[0]
+        t.failed = lambda: dict(failed or {})
+        t.dests = {n: d.replace("{sha256}", "ab") for n, d in dests.items()}
+        on_done(t)
 
 
 def _planner(head, client="c", **opts):
@@ -78,6 +89,23 @@ def test_one_push_for_every_node_needing_a_big_file_then_the_recipes_start():
     assert sorted(ran) == [0, 1, 2]
     assert sorted(head.catalog.holders("/mnt/ref")) == ["0.1", "0.2", "0.3", "0.4"]
     assert p.stat()["bytes_pushed"] == 30 * MIB
+
+
+def test_a_node_needing_a_file_being_pushed_joins_that_push():
+    head = FakeHead()
+    head.catalog.add("/mnt/ref", "0.1", 10 * MIB, 1.0)
+    p = _planner(head)
+    ran = []
+    p.stage(("c", 1), "0.2", ["/mnt/ref"], lambda: ran.append(1))
+    head.fire()
+    p.stage(("c", 2), "0.3", ["/mnt/ref"], lambda: ran.append(2))
+    head.fire()
+    assert len(head.started) == 1 and head.started[0][2] == ["0.2", "0.3"]
+    head.finish(0)
+    assert ran == [1, 2] and sorted(head.catalog.holders("/mnt/ref")) == ["0.1", "0.2", "0.3"]
+    p.stage(("c", 3), "0.4", ["/mnt/ref"], lambda: ran.append(3))
+    head.fire()
+    assert len(head.started) == 2            # that push is over: a new one
 
 
 def test_small_files_are_pulled_from_holders_in_random_or_fixed_order():
@@ -163,9 +191,9 @@ def test_sizes_in_the_users_words(text, want):
     assert parse_size(text) == want
 
 
-@pytest.mark.parametrize("text,words", [("abc", "a size such as"), ("-1", "from 0"),
+@pytest.mark.parametrize("text,words", [("abc", "a size such as"), ("-1", "0 or more"),
                                         ("nan", "a size such as"),
-                                        ("1e30", "from 0")])
+                                        ("1e30", "say inf")])
 def test_bad_sizes_get_one_line(text, words):
     with pytest.raises(MakeUsage) as e:
         parse_size(text)

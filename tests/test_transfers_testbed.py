@@ -104,14 +104,14 @@ def _trace(path: str) -> list:
         return [json.loads(line) for line in f]
 
 
-def _rx_bytes(host) -> int:
-    """Bytes received on the host's network interfaces (its namespace)."""
+def _rx_bytes(host, field: int = 0) -> int:
+    """Bytes received (field 8: sent) on the host's network interfaces (its namespace)."""
     r = host.exec(["cat", "/proc/net/dev"], capture_output=True, text=True, timeout=30)
     total = 0
     for line in r.stdout.splitlines()[2:]:
         name, _, rest = line.partition(":")
         if name.strip() != "lo":
-            total += int(rest.split()[0])
+            total += int(rest.split()[field])
     return total
 
 
@@ -121,9 +121,12 @@ def _where(g, path) -> set:
     return {x.split(":")[0] for x in reps.split(",")} if reps and reps != "-" else set()
 
 
-USE = "".join("u%d: GXP_ON = tp0%d\nu%d: GXP_PLACE = hard\nu%d: big small\n"
-              "\tsha256sum big small > $@\n" % (i, i, i, i) for i in range(2, 9))
-USE = "all: " + " ".join("u%d" % i for i in range(2, 9)) + "\n" + USE
+# u8 comes 0.5 s after the others (its gate): it joins the push under way.
+USE = "".join("u%d: GXP_ON = tp0%d\nu%d: GXP_PLACE = hard\nu%d: big small%s\n"
+              "\tsha256sum big small > $@\n" % (i, i, i, i, " gate" if i == 8 else "")
+              for i in range(2, 9))
+USE = ("all: " + " ".join("u%d" % i for i in range(2, 9)) + "\n" + USE
+       + "gate: GXP_ON = tp08\ngate:\n\tsleep 0.5\n")
 
 
 def test_large_inputs_are_pushed_small_ones_pulled_before_the_recipe(mounted):
@@ -132,8 +135,13 @@ def test_large_inputs_are_pushed_small_ones_pulled_before_the_recipe(mounted):
     _catalog_ready(g, mnt, ["big", "small", "mid"])
     _makefile(g, work, USE)
     trace = os.path.join(traces, "push-pull.json")
+    sent = _rx_bytes(g.bed.host("tp01"), 8)
     r = _as_user(g, g.argv(["make", "-j8", "--pull-threshold", "1M", "--trace", trace]), cwd=work)
     assert r.returncode == 0, r.stderr
+    # the push follows the tree: big leaves tp01 once (not once per node, nor
+    # again for u8, which came later), plus the small pulls and control traffic
+    sent = _rx_bytes(g.bed.host("tp01"), 8) - sent
+    assert SIZES["big"] < sent < 1.5 * SIZES["big"], sent
     # every recipe saw both inputs whole
     for i in range(2, 9):
         out = _as_user(g, ["cat", os.path.join(work, "u%d" % i)]).stdout.decode()
@@ -172,6 +180,14 @@ MID = "all: " + " ".join("v%d" % i for i in range(3, 6)) + "\n" + "".join(
     % (i, i, i, i) for i in range(3, 6))
 
 
+def _receiving(host) -> bool:
+    """A transfer's temporary file is in a replica store on `host` (its /tmp)."""
+    for d, _, names in os.walk(host.tmp_dir):
+        if d.endswith("/replicas") and any(".gxp-bcast-" in n for n in names):
+            return True
+    return False
+
+
 def _node_ids(g) -> dict:
     """{name: (node id, pid)} from `gxpc stat`."""
     out = {}
@@ -196,8 +212,13 @@ def test_a_holder_killed_midway_the_pulls_go_on_from_the_other(mounted):
     p = g.popen("make", "-j4", "--pull-threshold", "inf", "--pull-order", "fixed", "--trace", trace,
                 cwd=work)
     try:
-        # 3 pulls of 24 MiB share the first holder's 100 Mbit/s link: ~6 s
-        time.sleep(2.0)
+        # 3 pulls of 24 MiB share the first holder's 100 Mbit/s link (~6 s):
+        # the holder dies once every copy is under way
+        deadline = time.monotonic() + 120
+        while not all(_receiving(g.bed.host(h)) for h in ("tp03", "tp04", "tp05")):
+            assert time.monotonic() < deadline and p.poll() is None, "the pulls never started"
+            time.sleep(0.05)
+        time.sleep(0.3)
         os.kill(ids[first][1], signal.SIGKILL)
         killed = time.time()
         out, err = p.communicate(timeout=300)
