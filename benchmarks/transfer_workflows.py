@@ -152,7 +152,7 @@ class WorkflowsBench(Bench):
         b0 = self.rx_bytes()
         t0 = time.monotonic()
         self.timed(key, lambda: self.as_user(
-            [self.gxpc_path(), "make", "-s", "-j%d" % JOBS, "--trace", trace] + list(args), cwd=work))
+            [self.gxpc_path(), "make", "-s", "-j%d" % JOBS, "--trace=" + trace] + list(args), cwd=work))
         self.add(key + " s", time.monotonic() - t0)
         self.add(key + " MB", (self.rx_bytes() - b0) / 1e6)
         with open(trace) as f:

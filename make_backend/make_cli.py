@@ -41,7 +41,7 @@ def cmd_plot(c: Optional[Client], a: Any) -> int:
 PLOT = Verb("plot", "draw a gxpc make --trace file: transfers and bytes over time", cmd_plot,
             options=[Opt(["-o", "--output"], help="the image to write (PNG, SVG, PDF by its name)",
                          metavar="FILE")],
-            args=[Arg("trace", help="the trace (gxpc make --trace FILE)", metavar="TRACE")],
+            args=[Arg("trace", help="the trace (gxpc make --trace=FILE)", metavar="TRACE")],
             session=OPTIONAL, check=lambda a: _check_plot(a),
             description="gxpc plot TRACE -o OUT.png: a row per node with its transfers (push, pull) "
                         "and recipes over time, and the cumulative bytes transferred. Needs "

@@ -23,7 +23,7 @@ from gxpstyle import limits
 
 USAGE = """\
 usage: gxpc make [--local | --shared] [--joblog FILE] [--explain-placement]
-                 [--pull-threshold SIZE] [--transfer-slots N] [--trace FILE] [MAKE-ARGUMENTS...]
+                 [--pull-threshold SIZE] [--transfer-slots N] [--trace=FILE] [MAKE-ARGUMENTS...]
 
 Run GNU make here, with each recipe on one of the session's nodes (chosen by the
 head). Every other argument goes to make unchanged: -j N, -k, -n, -f FILE,
@@ -52,8 +52,9 @@ waiting for a node; nodes busy).
                   slower than a pull from 512K up
   --transfer-slots N
                   transfers a node receives at once (1 to 64, default 1)
-  --trace FILE    one JSON line per recipe and per transfer: node, file, bytes,
-                  start, end, push or pull, source (gxpc plot FILE draws it)
+  --trace=FILE    one JSON line per recipe and per transfer: node, file, bytes,
+                  start, end, push or pull, source (gxpc plot FILE draws it);
+                  with "=" only: a bare --trace is make's own option
   -h, --help      show this help
 
 Placement: a recipe goes to the node whose host already holds the most of the
@@ -111,7 +112,8 @@ def split_own_options(args: List[str]) -> Options:
         elif own and (a == "--joblog" or a.startswith("--joblog=")):
             a, i = _value(args, i, a, "--joblog", "a file name")
             o.joblog = a
-        elif own and (a == "--trace" or a.startswith("--trace=")):
+        elif own and a.startswith("--trace="):
+            # only with "=": a bare --trace is GNU make's own (it goes to make)
             a, i = _value(args, i, a, "--trace", "a file name")
             o.transfer["trace"] = os.path.abspath(a)
         elif own and (a == "--pull-threshold" or a.startswith("--pull-threshold=")):

@@ -1,4 +1,4 @@
-"""`gxpc make --trace FILE`: one JSON line per recipe and per transfer.
+"""`gxpc make --trace=FILE`: one JSON line per recipe and per transfer.
 
     {"kind": "recipe", "node": "tb03", "recipe": "bwa mem ref.fa r1.fq > r1.sam",
      "start": 1.7e9, "end": 1.7e9, "status": 0}

@@ -305,6 +305,24 @@ class GMountService(Service):
         self.head.call_service(sid, "adopt", {"file": file, "path": rel}, answered)
         return True
 
+    def _drop_orphans(self, m: Mount, lost: str) -> None:
+        """A copy in a replica store is a copy of a file some export holds: once
+        no export holding it is left, the file is gone from every mount, and
+        the catalog must not name the stores' copies either."""
+        by_rel: Dict[str, Set[str]] = {}
+        for nid, rel in m.adopted:
+            by_rel.setdefault(rel, set()).add(nid)
+        for rel, stores in by_rel.items():
+            path = os.path.join(m.mountpoint, rel)
+            holders = set(self.head.catalog.holders(path))
+            if not (holders - stores) or all(wire.is_descendant(n, lost) for n in holders - stores):
+                for nid in stores:
+                    self.head.catalog.remove(path, nid)
+                    m.adopted.discard((nid, rel))
+            for nid in stores:
+                if wire.is_descendant(nid, lost):
+                    m.adopted.discard((nid, rel))
+
     # -- umount --------------------------------------------------------------------
     def request_umount(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         which = args.get("mountpoint")
@@ -395,6 +413,7 @@ class GMountService(Service):
                     gone.append(self._name(nid))
             if not gone:
                 continue
+            self._drop_orphans(m, lost)
             # The catalog dropped its replicas (Head.op_lost); the survivors'
             # mounts drop its branch, so that its files are absent, as the
             # catalog says, rather than an EIO on every access.

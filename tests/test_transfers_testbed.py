@@ -136,7 +136,7 @@ def test_large_inputs_are_pushed_small_ones_pulled_before_the_recipe(mounted):
     _makefile(g, work, USE)
     trace = os.path.join(traces, "push-pull.json")
     sent = _rx_bytes(g.bed.host("tp01"), 8)
-    r = _as_user(g, g.argv(["make", "-j8", "--pull-threshold", "1M", "--trace", trace]), cwd=work)
+    r = _as_user(g, g.argv(["make", "-j8", "--pull-threshold", "1M", "--trace=" + trace]), cwd=work)
     assert r.returncode == 0, r.stderr
     # the push follows the tree: big leaves tp01 once (not once per node, nor
     # again for u8, which came later), plus the small pulls and control traffic
@@ -209,7 +209,7 @@ def test_a_holder_killed_midway_the_pulls_go_on_from_the_other(mounted):
     # the pulls go in a fixed order: the holder with the lower id feeds first
     first = min(HOLDERS["mid"], key=lambda h: [int(x) for x in ids[h][0].split(".")])
     trace = os.path.join(traces, "fallback.json")
-    p = g.popen("make", "-j4", "--pull-threshold", "inf", "--pull-order", "fixed", "--trace", trace,
+    p = g.popen("make", "-j4", "--pull-threshold", "inf", "--pull-order", "fixed", "--trace=" + trace,
                 cwd=work)
     try:
         # 3 pulls of 24 MiB share the first holder's 100 Mbit/s link (~6 s):
