@@ -9,7 +9,8 @@ setup(
     install_requires=["paramiko>=3.0", "PyYAML>=6.0", "mfusepy>=1.0"],
     # ruff's rules change between 0.x releases; mypy 1.16 is the last release that
     # checks against Python 3.8 (pyproject.toml has both configurations).
-    extras_require={"test": ["pytest>=7", "hypothesis>=6", "ruff>=0.17,<0.18", "mypy>=1.16,<1.17"]},
+    extras_require={"plot": ["matplotlib>=3.3"],
+                    "test": ["pytest>=7", "hypothesis>=6", "ruff>=0.17,<0.18", "mypy>=1.16,<1.17"]},
     entry_points={
         "console_scripts": ["gxpc = gxpstyle.cli:main", "sshfsm = sshfsmux.sshfsm:main"],
         # Services the session daemon loads (gxpstyle/services.py) and their
@@ -17,6 +18,7 @@ setup(
         "gxpstyle.services": ["gmount = sshfsmux.gmount_control:GMountService",
                               "make = make_backend.make_service:MakeService"],
         "gxpstyle.verbs": ["mount = sshfsmux.mount_cli:MOUNT", "umount = sshfsmux.mount_cli:UMOUNT",
-                           "mw = sshfsmux.mount_cli:MW", "make = make_backend.make_cli:MAKE"],
+                           "mw = sshfsmux.mount_cli:MW", "make = make_backend.make_cli:MAKE",
+                           "plot = make_backend.make_cli:PLOT"],
     },
 )

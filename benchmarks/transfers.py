@@ -1,9 +1,12 @@
-"""One file to many hosts: `gxpc bcast` against scp, on 100 Mbit/s links.
+"""One file to many hosts: `gxpc bcast` against scp, on 100 Mbit/s links; with
+--workflows, Confuga's workflows with `gxpc make`'s push, pull and threshold
+(benchmarks/transfer_workflows.py says what that measures).
 
 Run as root (the test bed needs it), from the checkout, after scripts/install:
 
     /opt/gxpstyle/venv/bin/python benchmarks/transfers.py [--size MiB] [--reps N]
                                                            [--hosts 8,16,32] [--quick]
+    /opt/gxpstyle/venv/bin/python benchmarks/transfers.py --workflows [--reps N] [--quick]
 
 What it does (one test bed: tb00, the source host, and tb01..tbNN, every link
 shaped to 100 Mbit/s by tbf at both ends of its veth; the checkout and the venv
@@ -214,7 +217,15 @@ def main(argv=None) -> int:
     p.add_argument("--hosts", default="8,16,32", help="target counts (default 8,16,32)")
     p.add_argument("--all-pull-big", action="store_true", help="all-pull for N > 8 too")
     p.add_argument("--quick", action="store_true", help="32 MiB, N = 8, one run")
+    p.add_argument("--workflows", action="store_true",
+                   help="Confuga's workflows with gxpc make instead (transfer_workflows.py)")
+    import transfer_workflows
+    transfer_workflows.add_arguments(p)
     a = p.parse_args(argv)
+    if a.workflows:
+        if a.quick:
+            transfer_workflows.quick(a)
+        return main_driver(transfer_workflows.WorkflowsBench, a)
     a.hosts = [int(x) for x in a.hosts.split(",")]
     if a.quick:
         a.size, a.reps, a.hosts = 32, 1, [8]

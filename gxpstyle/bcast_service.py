@@ -78,11 +78,13 @@ class Transfer:
     on_done: Callable[["Transfer"], None]
     on_progress: Optional[Callable[["Transfer"], None]] = None
     client: str = ""           # the client that asked, if any (its leaving stops the transfer)
+    dests: Dict[str, str] = field(default_factory=dict)   # target -> its own dest, if not `dest`
     members: Dict[str, Member] = field(default_factory=dict)
     opened: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     size: int = 0
     mode: int = 0o644
     sha: str = ""
+    primary: str = ""          # the source the plan starts from
     n: int = 0
     error: str = ""            # the whole transfer failed (no source)
     started: float = field(default_factory=time.monotonic)
@@ -120,18 +122,63 @@ class BcastService(Service):
     # -- the engine ----------------------------------------------------------------
     def start(self, sources: List[str], path: str, targets: List[str], dest: str,
               on_done: Callable[[Transfer], None],
-              on_progress: Optional[Callable[[Transfer], None]] = None) -> Transfer:
+              on_progress: Optional[Callable[[Transfer], None]] = None,
+              dests: Optional[Dict[str, str]] = None) -> Transfer:
         """Copy `path` (identical on every one of `sources`, tried in that order)
         to `dest` on every one of `targets`; on_done(transfer) once each target
         is done or failed (transfer.failed() names those, with their reasons).
         `{sha256}` in dest becomes the file's SHA-256 (a content-addressed
-        replica: identical content lands on one name per node)."""
+        replica: identical content lands on one name per node). `dests` gives
+        some targets a dest of their own (another directory on each node)."""
         self.seq += 1
-        t = Transfer(self.seq, path, dest, list(sources), list(targets), on_done, on_progress)
+        t = Transfer(self.seq, path, dest, list(sources), list(targets), on_done, on_progress,
+                     dests=dict(dests or {}))
         self.transfers[t.id] = t
         for s in t.sources:
             self.head.send(s, {"op": "bc_open", "bc": t.id, "path": path, "chunk": CHUNK})
         return t
+
+    def join(self, t: Transfer, nid: str, dest: str) -> bool:
+        """Add target `nid` to transfer `t` while it runs: it is fed along the
+        tree from the nearest member on its path to the primary (a relay such
+        as the head already holds what has passed), from chunk 0, so a node
+        that needs the file a moment later costs the source's link nothing.
+        False if it cannot join (finished, failed, or `nid` already in it):
+        then start a transfer of its own."""
+        if t.finished or t.error or nid in t.targets or nid in t.members or not self._up(nid):
+            return False
+        if not t.members:           # not planned yet: planned with the others
+            t.targets.append(nid)
+            t.dests[nid] = dest
+            return True
+        path: List[str] = []
+        hop = nid
+        while True:                 # the tree path to the first member that is fed
+            nxt = _next_hop(hop, t.primary)
+            hm = t.members.get(nxt)
+            if hm is not None and hm.error and not hm.source:
+                return False
+            path.append(nxt)
+            if hm is not None and (hm.source or hm.feeder is not None):
+                break
+            hop = nxt
+        t.targets.append(nid)
+        t.dests[nid] = dest.replace("{sha256}", t.sha)
+        chain = [Member(nid, target=True)]
+        for x in path[:-1]:
+            chain.append(t.members.get(x) or Member(x, relay=True))
+        for a, b in zip(chain, path):
+            a.feeder = b
+        name = os.path.basename(t.path.rstrip("/")) or "file"
+        for m in chain:
+            if m.id not in t.members:
+                t.members[m.id] = m
+                self.head.send(m.id, {"op": "bc_plan", "bc": t.id, "size": t.size, "mode": t.mode,
+                                      "sha256": t.sha, "chunk": CHUNK,
+                                      "dest": t.dests[m.id] if m.target else "", "name": name})
+        for m in reversed(chain):
+            self._feed(t, m, m.feeder or "")
+        return True
 
     def on_opened(self, src: str, msg: Dict[str, Any]) -> None:
         t = self.transfers.get(msg["bc"])
@@ -156,7 +203,7 @@ class BcastService(Service):
         for s in good:
             if s not in replicas:
                 self.head.write_log("bcast %d: %s has a different %s; not used" % (t.id, s, t.path))
-        primary = replicas[0]
+        primary = t.primary = replicas[0]
         for s in replicas:
             t.members[s] = Member(s, source=True, have=t.n)
         for nid in t.targets:
@@ -175,12 +222,14 @@ class BcastService(Service):
                     break
                 m, hop = hm, nxt
         t.dest = t.dest.replace("{sha256}", t.sha)
+        t.dests = {k: v.replace("{sha256}", t.sha) for k, v in t.dests.items()}
         name = os.path.basename(t.path.rstrip("/")) or "file"
         for m in t.members.values():
             if m.target or m.relay:
                 self.head.send(m.id, {"op": "bc_plan", "bc": t.id, "size": t.size, "mode": t.mode,
                                       "sha256": t.sha, "chunk": CHUNK,
-                                      "dest": t.dest if m.target else "", "name": name})
+                                      "dest": t.dests.get(m.id, t.dest) if m.target else "",
+                                      "name": name})
         for m in list(t.members.values()):
             if m.feeder is not None:
                 self._feed(t, m, m.feeder)

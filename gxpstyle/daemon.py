@@ -295,6 +295,24 @@ class Head(Node):
                 services.log_exception(self, "%s.files_changed" % svc.name)
                 acted(i)
 
+    def replica_dir(self, node: str, path: str) -> Optional[str]:
+        """Where on `node`'s host a copy of `path` is written for adopt_replica
+        (the first service that keeps such copies), or None."""
+        for svc in self.services:
+            d = svc.replica_dir(node, path)
+            if d:
+                return d
+        return None
+
+    def adopt_replica(self, node: str, path: str, file: str, source: str,
+                      done: Callable[[bool, str, str], None]) -> None:
+        """A transfer put a verified copy of `path` at `file` on `node`'s host:
+        the service that named that place takes it (Service.adopt_replica)."""
+        for svc in self.services:
+            if svc.adopt_replica(node, path, file, source, done):
+                return
+        done(False, "no service keeps copies of %s" % path, "")
+
     # -- the tree --------------------------------------------------------------
     def new_req(self) -> int:
         self.req_seq += 1

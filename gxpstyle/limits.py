@@ -25,6 +25,11 @@ RANGES: "Dict[str, Tuple[Number, Number, str]]" = {
     "port": (1, 65535, "a TCP port"),
     # Slots (CPUs) a node offers or a recipe takes.
     "slots": (1, 4096, "slots"),
+    # Bytes from which `gxpc make` pushes an input instead of the node pulling
+    # it (2^62 stands for inf: pull everything).
+    "pull_threshold": (0, 1 << 62, "bytes, or inf"),
+    # Transfers one node receives at once (gxpc make).
+    "transfer_slots": (1, 64, "transfers at once"),
 }
 
 

@@ -77,6 +77,20 @@ class Service:
         service's done before it answers. The default acts on nothing."""
         done()
 
+    def replica_dir(self, node: str, path: str) -> Optional[str]:
+        """A directory on `node`'s host where a transfer may write a complete
+        copy of `path` (as users see it on the nodes) for adopt_replica, or
+        None if this service does not keep such files."""
+        return None
+
+    def adopt_replica(self, node: str, path: str, file: str, source: str,
+                      done: Callable[[bool, str, str], None]) -> bool:
+        """`file` (in replica_dir) is now a complete, verified copy of `path`
+        on `node`'s host, copied from node `source`: make it the copy that
+        host uses. False if not this service's; else done(ok, error, holder)
+        exactly once, `holder` being the node id the catalog records."""
+        return False
+
 
 def load_plugins(head: "Head") -> List[Service]:
     """Services registered by installed packages (entry points), by name order.

@@ -5,7 +5,7 @@ after `make` untouched (make_command.py splits off its own --local and --help).
 """
 from __future__ import annotations
 
-from gxpstyle.verbs import EXIT_USAGE, OPTIONAL, Verb, err
+from gxpstyle.verbs import EXIT_FAILED, EXIT_USAGE, OPTIONAL, Arg, Opt, Verb, err
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,3 +26,29 @@ def cmd_make(c: Optional[Client], a: Any) -> int:
 MAKE = Verb("make", "GNU make with every recipe on a node the head picks", cmd_make,
             session=OPTIONAL, raw=True,
             description="gxpc make [--local] [MAKE-ARGUMENTS...]: see gxpc make --help")
+
+
+def cmd_plot(c: Optional[Client], a: Any) -> int:
+    from make_backend import trace_plot
+    try:
+        trace_plot.plot(a.trace, a.output)
+    except trace_plot.PlotError as e:
+        err("plot: %s" % e)
+        return EXIT_FAILED
+    return 0
+
+
+PLOT = Verb("plot", "draw a gxpc make --trace file: transfers and bytes over time", cmd_plot,
+            options=[Opt(["-o", "--output"], help="the image to write (PNG, SVG, PDF by its name)",
+                         metavar="FILE")],
+            args=[Arg("trace", help="the trace (gxpc make --trace=FILE)", metavar="TRACE")],
+            session=OPTIONAL, check=lambda a: _check_plot(a),
+            description="gxpc plot TRACE -o OUT.png: a row per node with its transfers (push, pull) "
+                        "and recipes over time, and the cumulative bytes transferred. Needs "
+                        "matplotlib (pip install 'gxpstyle[plot]').")
+
+
+def _check_plot(a: Any) -> None:
+    from gxpstyle.verbs import UsageError
+    if not a.output:
+        raise UsageError("plot: give the image to write with -o FILE")

@@ -19,8 +19,11 @@ import tempfile
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from gxpstyle import limits
+
 USAGE = """\
-usage: gxpc make [--local | --shared] [--joblog FILE] [--explain-placement] [MAKE-ARGUMENTS...]
+usage: gxpc make [--local | --shared] [--joblog FILE] [--explain-placement]
+                 [--pull-threshold SIZE] [--transfer-slots N] [--trace=FILE] [MAKE-ARGUMENTS...]
 
 Run GNU make here, with each recipe on one of the session's nodes (chosen by the
 head). Every other argument goes to make unchanged: -j N, -k, -n, -f FILE,
@@ -38,6 +41,20 @@ waiting for a node; nodes busy).
   --explain-placement
                   a line per recipe on stderr: the node it runs on, why (input
                   bytes already there, load, a hint), input bytes it fetches
+  --pull-threshold SIZE
+                  before a recipe runs, the inputs its node lacks are copied
+                  there: from SIZE up the head pushes them (one transfer along
+                  the session's tree for every node needing the file), below
+                  it the node pulls them from the holders in random order.
+                  SIZE in bytes, with K, M, G (powers of 1024); 0 pushes
+                  everything, inf pulls everything. Default 1M: measured
+                  (benchmarks/transfers.py --workflows), a push was never
+                  slower than a pull from 512K up
+  --transfer-slots N
+                  transfers a node receives at once (1 to 64, default 1)
+  --trace=FILE    one JSON line per recipe and per transfer: node, file, bytes,
+                  start, end, push or pull, source (gxpc plot FILE draws it);
+                  with "=" only: a bare --trace is make's own option
   -h, --help      show this help
 
 Placement: a recipe goes to the node whose host already holds the most of the
@@ -70,6 +87,7 @@ class Options:
         self.shared = False
         self.joblog: Optional[str] = None
         self.explain = False
+        self.transfer: Dict[str, Any] = {}     # transfer_plan.py's options, as the env verb takes them
         self.make_args: List[str] = []
 
 
@@ -92,20 +110,81 @@ def split_own_options(args: List[str]) -> Options:
         elif own and a == "--explain-placement":
             o.explain = True
         elif own and (a == "--joblog" or a.startswith("--joblog=")):
-            if a == "--joblog":
-                if i >= len(args):
-                    raise MakeUsage("--joblog needs a file name")
-                a, i = args[i], i + 1
-            else:
-                a = a.split("=", 1)[1]
-            if not a:
-                raise MakeUsage("--joblog needs a file name")
+            a, i = _value(args, i, a, "--joblog", "a file name")
             o.joblog = a
+        elif own and a.startswith("--trace="):
+            # only with "=": a bare --trace is GNU make's own (it goes to make)
+            a, i = _value(args, i, a, "--trace", "a file name")
+            o.transfer["trace"] = os.path.abspath(a)
+        elif own and (a == "--pull-threshold" or a.startswith("--pull-threshold=")):
+            a, i = _value(args, i, a, "--pull-threshold", "a size (bytes, K, M, G, or inf)")
+            o.transfer["pull_threshold"] = parse_size(a)
+        elif own and (a == "--transfer-slots" or a.startswith("--transfer-slots=")):
+            a, i = _value(args, i, a, "--transfer-slots", "a number")
+            try:
+                o.transfer["transfer_slots"] = limits.check("transfer_slots", int(a), "--transfer-slots")
+            except ValueError as e:
+                raise MakeUsage(str(e) if isinstance(e, limits.RangeError)
+                                else "--transfer-slots must be a whole number, got %r" % a)
+        elif own and (a == "--pull-order" or a.startswith("--pull-order=")):
+            # random (the default) or fixed: for benchmarks/transfers.py
+            a, i = _value(args, i, a, "--pull-order", "random or fixed")
+            if a not in ("random", "fixed"):
+                raise MakeUsage("--pull-order must be random or fixed, got %r" % a)
+            o.transfer["pull_order"] = a
         else:
             o.make_args.append(a)
     if o.local and o.shared:
         raise MakeUsage("--local and --shared exclude each other (--local runs every recipe here)")
     return o
+
+
+def _value(args: List[str], i: int, a: str, name: str, what: str) -> Tuple[str, int]:
+    """The value of option `name` (`--name V` or `--name=V`) and the next index."""
+    if a == name:
+        if i >= len(args):
+            raise MakeUsage("%s needs %s" % (name, what))
+        a, i = args[i], i + 1
+    else:
+        a = a.split("=", 1)[1]
+    if not a:
+        raise MakeUsage("%s needs %s" % (name, what))
+    return a, i
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """`--pull-threshold` SIZE: 0, 64K, 128M, 1.5G, 128MiB, inf (2^62)."""
+    t = text.strip().upper()
+    if t in ("INF", "INFINITY"):
+        return 1 << 62
+    for suffix in ("IB", "B"):
+        if t.endswith(suffix) and t[:-len(suffix)][-1:].isalpha():
+            t = t[:-len(suffix)]
+            break
+    unit = t[-1:] if t[-1:] in _UNITS and t[-1:] else ""
+    try:
+        value = float(t[:-1] if unit else t)
+    except ValueError:
+        raise MakeUsage("--pull-threshold must be a size such as 64K, 128M or inf, got %r" % text)
+    n = value * _UNITS[unit]
+    if n != n or n in (float("inf"), float("-inf")):
+        raise MakeUsage("--pull-threshold must be a size such as 64K, 128M or inf, got %r" % text)
+    if n < 0:
+        raise MakeUsage("--pull-threshold must be 0 or more (bytes, K, M, G) or inf, got %r" % text)
+    if n >= 1 << 62:
+        raise MakeUsage("--pull-threshold %s is past 4 EiB: say inf to pull everything" % text)
+    return int(limits.check("pull_threshold", int(n), "--pull-threshold"))
+
+
+def open_trace(path: str) -> None:
+    """The head writes the trace; a path it cannot write is said here, first."""
+    try:
+        open(path, "w").close()
+    except OSError as e:
+        raise MakeUsage("cannot write the trace %s: %s" % (path, e.strerror))
 
 
 def open_joblog(path: str) -> Any:
@@ -246,14 +325,18 @@ def main(client: Optional[Any], session_dir: str, args: List[str]) -> int:
         return 0
     joblog = open_joblog(opts.joblog) if opts.joblog else None
     try:
-        return _run(client, session_dir, local, make_args, joblog, opts.shared, opts.explain)
+        if opts.transfer.get("trace"):
+            open_trace(opts.transfer["trace"])
+        return _run(client, session_dir, local, make_args, joblog, opts.shared, opts.explain,
+                    opts.transfer)
     finally:
         if joblog is not None:
             joblog.close()
 
 
 def _run(client: Optional[Any], session_dir: str, local: bool, make_args: List[str],
-         joblog: Any, shared: bool = False, explain: bool = False) -> int:
+         joblog: Any, shared: bool = False, explain: bool = False,
+         transfer: Optional[Dict[str, Any]] = None) -> int:
     argv = [make_program()]
     env = dict(os.environ)
     where = "here"
@@ -275,6 +358,9 @@ def _run(client: Optional[Any], session_dir: str, local: bool, make_args: List[s
         if joblog is not None:
             sys.stderr.write("gxpc make: the job log needs the compiled hook (no C compiler here); "
                              "it stays empty\n")
+        if transfer:
+            sys.stderr.write("gxpc make: --pull-threshold, --transfer-slots and --trace need the "
+                             "compiled hook (no C compiler here); the defaults apply, no trace\n")
         env["GXP_SESSION"] = session_dir
         argv += ["SHELL=" + sys.executable, ".SHELLFLAGS=" + JOB_SHELL_FLAGS]
         return run_make(argv + make_args, env)
@@ -283,7 +369,8 @@ def _run(client: Optional[Any], session_dir: str, local: bool, make_args: List[s
     try:
         path = os.path.join(tmp, "relay")
         progress = sys.stderr.fileno() if os.isatty(sys.stderr.fileno()) else None
-        relay = Relay(client, path, joblog, progress, sys.stderr.fileno() if explain else None)
+        relay = Relay(client, path, joblog, progress, sys.stderr.fileno() if explain else None,
+                      transfer)
         for var in HINT_VARS:
             # make exports a variable that came from its environment, so
             # `out: GXP_ON = tb03` reaches the recipe without `export`

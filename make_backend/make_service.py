@@ -20,6 +20,7 @@ from gxpstyle.schema import Bool, Int, ListOf, MapOf, Opt, Rec, Str
 from gxpstyle.services import Service, Verb
 from make_backend.placement import Hints, NodeView, Placement
 from make_backend.scheduler import MakeScheduler
+from make_backend.transfer_plan import INF, TransferPlanner
 
 _PATH = Str(1 << 16)
 _ENV = MapOf(Opt(Str(1 << 20)), 1 << 14)
@@ -31,8 +32,10 @@ JOB_ARGS = Rec({"cmd": Str(1 << 20)},
                 "target": _PATH, "inputs": ListOf(_PATH, 1 << 16),
                 "avoid": ListOf(Str(200), 4096), "stdin": Bool(),
                 "on": Str(4096), "place": Str(8), "slots": Int(1, 4096), "dp": Str(200)})
-# Once per make (per client): the environment most of its recipes share.
-ENV_ARGS = Rec({"env": _ENV})
+# Once per make (per client): the environment most of its recipes share, and
+# how its inputs are copied to the nodes (transfer_plan.py).
+ENV_ARGS = Rec({"env": _ENV}, {"pull_threshold": Int(0, INF), "transfer_slots": Int(1, 64),
+                               "pull_order": Str(8), "trace": Str(4096)})
 SETTLED_ARGS = Rec({"job": Int(0, 1 << 62)})
 
 
@@ -63,13 +66,23 @@ class MakeService(Service):
         self.paths: Dict[Tuple[str, int], List[str]] = {}     # running recipe -> its paths
         self.settling: Dict[Tuple[str, int], Settling] = {}
         self._timer: Optional[int] = None
+        self.transfers = TransferPlanner(head)
+        self.started: Dict[Tuple[str, int], Tuple[str, str, float]] = {}   # traced recipes
 
     def verbs(self) -> Dict[str, Verb]:
         return {"job": Verb(self.req_job, JOB_ARGS), "env": Verb(self.req_env, ENV_ARGS),
                 "settled": Verb(self.req_settled, SETTLED_ARGS)}
 
     def req_env(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        if args.get("trace") and not str(args["trace"]).startswith("/"):
+            raise ValueError("make: give the trace as an absolute path")
         self.envs[cid] = dict(args["env"])
+        try:
+            self.transfers.configure(cid, args)
+        except OSError as e:
+            self.head.reply(cid, req, 1, {"error": "cannot write the trace %s: %s"
+                                          % (args.get("trace"), e.strerror or e)})
+            return
         self.head.reply(cid, req, 0, {})
 
     def client_closed(self, client: str) -> None:
@@ -77,9 +90,16 @@ class MakeService(Service):
         self.waiting = [w for w in self.waiting if w.cid != client]
         for key in [k for k in self.settling if k[0] == client]:
             del self.settling[key]
+        for key in self.transfers.client_closed(client):   # recipes that never started
+            self.scheduler.finished(key)
+        for key in [k for k in self.started if k[0] == client]:
+            del self.started[key]
+
+    def node_lost(self, lost: str, reason: str) -> None:
+        self.transfers.node_lost(lost)
 
     def stat(self) -> Dict[str, Any]:
-        return {"make_waiting": len(self.waiting)}
+        return dict(self.transfers.stat(), make_waiting=len(self.waiting))
 
     # -- placement -----------------------------------------------------------------
     def req_job(self, cid: str, req: int, args: Dict[str, Any]) -> None:
@@ -156,8 +176,21 @@ class MakeService(Service):
             self.paths[(cid, job)] = paths
             self.settling[(cid, job)] = Settling()
         self.scheduler.started((cid, job), nid, slots)
-        head.job_table.start(self, cid, job, [nid], args["cmd"], lambda n, i: env,
-                             lambda n: args.get("cwd"), stdin=bool(args.get("stdin")))
+
+        def start() -> None:      # once the inputs it lacks are on its node
+            info = head.tree.get(nid)
+            if info is None or info.state != "up":
+                error = "node lost: %s" % (info.reason if info is not None else nid)
+                self.job_done(cid, job, nid, 255, error)
+                head.deliver_to_client(cid, nid, {"op": "exit", "job": job, "status": 255,
+                                                  "error": error})
+                return
+            if self.transfers.trace(cid) is not None:
+                self.started[(cid, job)] = (name, args["cmd"].strip().split("\n", 1)[0][:200],
+                                            time.time())
+            head.job_table.start(self, cid, job, [nid], args["cmd"], lambda n, i: env,
+                                 lambda n: args.get("cwd"), stdin=bool(args.get("stdin")))
+        self.transfers.stage((cid, job), nid, paths, start)
 
     # -- write-on-exit ---------------------------------------------------------------
     def job_done(self, client: str, job: int, node: str, status: int, error: str) -> None:
@@ -165,6 +198,10 @@ class MakeService(Service):
         ran = self.scheduler.finished(key)
         if ran is not None and status == 0:
             self.placement.observe(ran)      # the SOFT delay follows run times
+        traced = self.started.pop(key, None)
+        trace = self.transfers.trace(client)
+        if traced is not None and trace is not None:
+            trace.recipe(traced[0], traced[1], traced[2], time.time(), status)
         paths = self.paths.pop(key, None)
         if paths is not None and status == 0:
             # a success counts once every mount shows its files as they are

@@ -138,8 +138,10 @@ class Relay:
     """Serves gxpmake-job clients on `path` until make exits."""
 
     def __init__(self, client: Any, path: str, joblog: Any = None,
-                 progress_fd: Optional[int] = None, explain_fd: Optional[int] = None) -> None:
+                 progress_fd: Optional[int] = None, explain_fd: Optional[int] = None,
+                 transfer: Optional[Dict[str, Any]] = None) -> None:
         self.c = client                      # gxpstyle.client.Client, connected
+        self.transfer = dict(transfer or {})  # options of the planned transfers (the env verb)
         self.path = path
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
@@ -343,7 +345,7 @@ class Relay:
             self.base_env = {k: None for k in os.environ if k not in NOT_COPIED}
             self.base_env.update((k, None) for k in LOGIN_ONLY)
             self.base_env.update(env)
-            self._request("env", {"env": self.base_env})
+            self._request("env", dict(self.transfer, env=self.base_env))
         base = self.base_env
         diff = {k: v for k, v in env.items() if base.get(k) != v}
         diff.update((k, None) for k, v in base.items() if v is not None and k not in env)

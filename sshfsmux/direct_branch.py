@@ -149,6 +149,17 @@ class DirectBranch(Branch):
         for rel in rels:
             self.cache.invalidate(self._key(rel))
 
+    def adopt(self, path: str, file: str) -> "Optional[str]":
+        """Make `file` (a complete copy of `path` on this host) this branch's
+        replica of it, at the version the export has now; its path, or None."""
+        rel = _rel(path)
+        r = self._do("version", path=rel)
+        try:
+            version = tuple(int(r[k]) for k in HAVE_KEYS)
+        except (TypeError, KeyError, ValueError):
+            raise _oserror(errno.EIO, "bad reply")
+        return self.cache.adopt(self._key(rel), version, file)
+
     # -- Branch ----------------------------------------------------------------
     def getattr(self, path: str) -> "Dict[str, Any]":
         return self._stat_reply(self._do("getattr", path=_rel(path)))

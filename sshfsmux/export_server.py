@@ -535,6 +535,15 @@ class _Session:
             if fd >= 0:
                 os.close(fd)
 
+    def c_version(self, rid: int, path: str) -> "Dict[str, Any]":
+        fd = self._open_regular(path, os.O_RDONLY)
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+                "ino": st.st_ino}
+
     def c_read(self, rid: int, path: str, offset: int, size: int) -> bytes:
         fd = self._open_regular(path, os.O_RDONLY)
         try:

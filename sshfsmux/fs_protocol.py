@@ -45,6 +45,8 @@ Calls (args -> result; [m] mutating: EROFS on a read-only export):
     read_file  {path, have: None|{size, mtime_ns, ctime_ns, ino}}
                -> {"unchanged", "size", "mtime_ns", "ctime_ns", "ino", "st"} + stream
     read       {path, offset, size}          -> bytes   (a range, size <= MAX_IO)
+    version    {path}                        -> {"size", "mtime_ns", "ctime_ns", "ino"}
+               (what read_file's "have" compares: a copy made elsewhere is adopted with it)
     open_write {path, flags, mode, create}  [m] -> int handle
     write      {fh, offset, data}        [m] -> int bytes written
     pread      {fh, offset, size}            -> bytes
@@ -197,6 +199,7 @@ CALLS = {
     "removexattr": (("path", _path), ("name", _xname)),
     "read_file": (("path", _path), ("have", _have)),
     "read": (("path", _path), ("offset", _SIZE), ("size", _uint(MAX_IO))),
+    "version": (("path", _path),),
     "open_write": (("path", _path), ("flags", _FLAGS), ("mode", _MODE), ("create", _bool)),
     "write": (("fh", _FH), ("offset", _SIZE), ("data", _data(MAX_IO))),
     "pread": (("fh", _FH), ("offset", _SIZE), ("size", _uint(MAX_IO))),
@@ -211,7 +214,7 @@ MUTATING = frozenset(("mkdir", "rmdir", "unlink", "rename", "symlink", "chmod", 
                       "ftruncate", "fsync", "close_write"))
 # Safe to send again on a new connection when the old one died after sending.
 IDEMPOTENT = frozenset(("getattr", "readdir", "readlink", "statfs", "getxattr", "listxattr",
-                        "read_file", "read", "chmod", "utimens", "truncate", "setxattr"))
+                        "read_file", "read", "version", "chmod", "utimens", "truncate", "setxattr"))
 
 
 def check_args(call: Any, args: Any) -> "Dict[str, Any]":

@@ -56,6 +56,7 @@ class Mount:
     failed: Dict[str, str] = field(default_factory=dict)          # node name -> reason
     pending: Set[str] = field(default_factory=set)
     mounted: List[str] = field(default_factory=list)
+    adopted: Set[tuple] = field(default_factory=set)   # (node id, rel): copies in its replica store
 
 
 class GMountService(Service):
@@ -299,8 +300,64 @@ class GMountService(Service):
             seen.add(str(f[0]))
             self.head.catalog.add(path, nid, int(f[1]), float(f[2]), str(f[3]) or None)
         for rel in rels:
-            if rel not in seen:   # not a file here (removed, or a directory)
+            # not a file here (removed, or a directory), unless a copy was
+            # put in its replica store (an unlink through a mount removes
+            # the name everywhere: _watch)
+            if rel not in seen and (nid, rel) not in m.adopted:
                 self.head.catalog.remove(os.path.join(m.mountpoint, rel), nid)
+
+    # -- planned transfers (make_backend/transfer_plan.py) ------------------------
+    def _service_on(self, node: str, path: str) -> Optional[tuple]:
+        """(mount, node id, service id) of the mount holding `path` served on
+        `node`'s host (one service per host), or None."""
+        m = self._mount_of(os.path.normpath(path))
+        info = self.head.tree.get(node)
+        if m is None or info is None:
+            return None
+        for nid, sid in m.services.items():
+            n, svc = self.head.tree.get(nid), self.head.tree.get(sid)
+            if n is not None and n.hostname == info.hostname and svc is not None and svc.state == "up":
+                return m, nid, sid
+        return None
+
+    def replica_dir(self, node: str, path: str) -> Optional[str]:
+        found = self._service_on(node, path)
+        if found is None:
+            return None
+        return str(found[0].infos.get(found[2], {}).get("store") or "") or None
+
+    def adopt_replica(self, node: str, path: str, file: str, source: str,
+                      done: Callable[[bool, str, str], None]) -> bool:
+        found = self._service_on(node, path)
+        if found is None:
+            return False
+        m, nid, sid = found
+        rel = os.path.relpath(os.path.normpath(path), m.mountpoint)
+
+        def answered(ok: bool, error: str, result: Dict[str, Any]) -> None:
+            if ok and result.get("kept") == "store":
+                m.adopted.add((nid, rel))
+            done(ok, error, nid)
+        self.head.call_service(sid, "adopt", {"file": file, "path": rel}, answered)
+        return True
+
+    def _drop_orphans(self, m: Mount, lost: str) -> None:
+        """A copy in a replica store is a copy of a file some export holds: once
+        no export holding it is left, the file is gone from every mount, and
+        the catalog must not name the stores' copies either."""
+        by_rel: Dict[str, Set[str]] = {}
+        for nid, rel in m.adopted:
+            by_rel.setdefault(rel, set()).add(nid)
+        for rel, stores in by_rel.items():
+            path = os.path.join(m.mountpoint, rel)
+            holders = set(self.head.catalog.holders(path))
+            if not (holders - stores) or all(wire.is_descendant(n, lost) for n in holders - stores):
+                for nid in stores:
+                    self.head.catalog.remove(path, nid)
+                    m.adopted.discard((nid, rel))
+            for nid in stores:
+                if wire.is_descendant(nid, lost):
+                    m.adopted.discard((nid, rel))
 
     # -- umount --------------------------------------------------------------------
     def request_umount(self, cid: str, req: int, args: Dict[str, Any]) -> None:
@@ -392,6 +449,7 @@ class GMountService(Service):
                     gone.append(self._name(nid))
             if not gone:
                 continue
+            self._drop_orphans(m, lost)
             # The catalog dropped its replicas (Head.op_lost); the survivors'
             # mounts drop its branch, so that its files are absent, as the
             # catalog says, rather than an EIO on every access.

@@ -286,6 +286,44 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
             in_loop(reply, True, "", {"files": files, "invalidated": dropped})
         threading.Thread(target=work, daemon=True).start()
 
+    def adopt_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+        """A complete, verified copy of a file of the mount (a transfer the head
+        planned before a recipe runs here) sits at `file` in the replica store's
+        directory: make it the replica the mount reads that file from (keyed by
+        the first branch holding it, at the version that export has now), so reading it
+        through the mount moves no data. Answers {"kept": "store"|"local"}."""
+        rel = "/" + str(args.get("path") or "").lstrip("/")
+        file = str(args.get("file") or "")
+
+        def work() -> None:
+            try:
+                if os.path.dirname(os.path.abspath(file)) != cache_dir:
+                    raise ValueError("not in the replica store")
+                fs = state["fs"]
+                if fs is None:
+                    raise ValueError("not mounted")
+                v = fs._file_view(rel)
+                if v.is_dir:
+                    raise ValueError("a directory")
+                if any(b.local for b, _ in v.replicas):
+                    os.unlink(file)         # this host's export holds it already
+                    in_loop(reply, True, "", {"kept": "local"})
+                    return
+                # keyed by the branch the merged tree reads the file from
+                # (merged_fs._reader: the first holder, with no local one)
+                cands = [b for b, _ in v.replicas if hasattr(b, "adopt")]
+                if not cands or cands[0].adopt(rel, file) is None:
+                    raise ValueError("the copy does not match the file's current version")
+            except Exception as e:
+                try:
+                    os.unlink(file)
+                except OSError:
+                    pass
+                in_loop(reply, False, "cannot adopt %s: %s" % (rel, getattr(e, "strerror", None) or e))
+                return
+            in_loop(reply, True, "", {"kept": "store"})
+        threading.Thread(target=work, daemon=True).start()
+
     def drop_peers_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
         """Peers the head saw lost: their files leave the merged tree at once
         (make then rebuilds what only they held) instead of failing with EIO
@@ -365,6 +403,6 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
 
     node.role_handlers = {"mount": mount_call, "umount": umount_call, "scan": scan_call,
                           "changed": changed_call, "drop_peers": drop_peers_call,
-                          "changes": changes_call}
+                          "changes": changes_call, "adopt": adopt_call}
     node.role_cleanup = cleanup
-    return {"port": server.port, "addrs": own, "node": host_name}, runner
+    return {"port": server.port, "addrs": own, "node": host_name, "store": cache_dir}, runner

@@ -235,6 +235,35 @@ class ReplicaCache:
             self._evict_locked(keep=h)
             return final
 
+    def adopt(self, key: str, version: "Tuple[int, ...]", file: str) -> "Optional[str]":
+        """Take `file`, a complete copy of `key` at `version` made elsewhere on
+        this host (a transfer the head planned, verified by its SHA-256), as
+        the replica: renamed into the store, so it must be on the store's file
+        system. Returns its path, or None (the length is not the version's,
+        the store is closed); `file` is gone either way."""
+        h = key_hash(key)
+        with self._lock:
+            try:
+                complete = os.stat(file).st_size == version[0]
+            except OSError:
+                complete = False
+            final = os.path.join(self.dir, final_name(h, version))
+            if self.closed or not complete:
+                _unlink(file)
+                return None
+            try:
+                os.chmod(file, 0o600)
+                os.rename(file, final)
+            except OSError:
+                _unlink(file)
+                return None
+            old = self._entries.get(h)
+            if old is not None and old.file != final:
+                _unlink(old.file)
+            self._entries[h] = Entry(key, final, tuple(version))
+            self._evict_locked(keep=h)
+            return final
+
     def invalidate(self, key: str) -> None:
         h = key_hash(key)
         with self._lock:

@@ -10,7 +10,7 @@ from conftest import venv_dir
 
 CORE = ["use", "explore", "stat", "e", "gexec", "smask", "rmask", "savemask", "cd", "export", "bcast",
         "where", "quit"]
-PLUGINS = ["mount", "umount", "mw", "make"]
+PLUGINS = ["mount", "umount", "mw", "make", "plot"]
 
 
 def _gxpc():

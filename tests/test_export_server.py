@@ -454,6 +454,30 @@ def test_whole_64mib_file_streams_in_one_request_and_the_replica_is_reused(
     assert len(os.listdir(b.cache_dir)) == 1
 
 
+def test_a_copy_made_elsewhere_is_adopted_and_read_without_data(tmp_path, make_server, make_branch):
+    """gxpc make's planned transfers: a verified copy put in the replica store's
+    directory becomes the replica (at the export's current version), so the
+    next read asks "unchanged?" and moves no data; a copy of the wrong length
+    is refused and removed."""
+    root = tmp_path / "export"
+    root.mkdir()
+    data = os.urandom(3 * MiB)
+    (root / "f").write_bytes(data)
+    b = make_branch(make_server(root))
+    short = os.path.join(b.cache_dir, ".tmp-xfer-1-short")
+    with open(short, "wb") as f:
+        f.write(data[:-1])
+    assert b.adopt("/f", short) is None and not os.path.exists(short)
+    copy = os.path.join(b.cache_dir, ".tmp-xfer-2-ab")
+    with open(copy, "wb") as f:
+        f.write(data)
+    kept = b.adopt("/f", copy)
+    assert kept is not None and os.path.dirname(kept) == b.cache_dir and not os.path.exists(copy)
+    assert read_all(b, "/f") == data
+    assert b.stats["streams"] == 0 and b.stats["reused"] == 1
+    assert errno_of(b.adopt, "/nope", copy) == errno.ENOENT
+
+
 @pytest.mark.parametrize("cipher", [True, False], ids=["tls", "cipher-none"])
 def test_64mib_of_writes_arrive_intact(tmp_path, make_server, make_branch, cipher):
     root = tmp_path / "export"

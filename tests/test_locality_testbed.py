@@ -118,24 +118,29 @@ h0:
 blocker: GXP_ON = tl01
 blocker: GXP_SLOTS = $(NPROC)
 blocker: h0
-\tsleep 6; date +%%s.%%N > $@
+\tsleep 10; date +%%s.%%N > $@
 tick: GXP_ON = tl02
 tick: h0
 \tsleep 1
+h0b: GXP_ON = tl01
+h0b:
+\thead -c %d /dev/urandom > $@
 h1: GXP_PLACE = hard
-h1: h0 tick
-\tdate +%%s.%%N > $@; hostname >> $@; cat h0 > /dev/null
+h1: h0b tick
+\tdate +%%s.%%N > $@; hostname >> $@; cat h0b > /dev/null
 h2: h0 tick
 \tdate +%%s.%%N > $@; hostname >> $@; cat h0 > /dev/null
-""" % (4 * MB)
+""" % (4 * MB, 4 * MB)
 
 
 def test_gxp_on_and_hard_are_obeyed_and_soft_gives_way(mounted):
     g, mnt = mounted
     work = _workdir(g, mnt, HINTS)
     try:
-        # h0 first, so that tl01 holds it before the blocker takes every slot there
-        r = _as_user(g, g.argv(["make", "h0"]), cwd=work)
+        # h0 first, so that tl01 holds it before the blocker takes every slot
+        # there; h1 reads h0b, which only tl01 holds (h2, giving way, gets h0
+        # copied to its node, which would then hold it for h1 too)
+        r = _as_user(g, g.argv(["make", "h0", "h0b"]), cwd=work)
         assert r.returncode == 0, r.stderr
         r = _as_user(g, g.argv(["make", "-j8", "--explain-placement", "all", "blocker"]), cwd=work)
         assert r.returncode == 0, r.stderr
