@@ -75,6 +75,21 @@ class Service:
         service's done before it answers. The default acts on nothing."""
         done()
 
+    def watched_paths(self) -> List[str]:
+        """Absolute paths under which this service caches what files look
+        like (a mount's mountpoint): files_changed matters only for paths
+        under one of these. The default watches nothing."""
+        return []
+
+
+def under_watched(services: List[Service], paths: List[str]) -> List[str]:
+    """Those of `paths` (absolute, normalized) that lie under a path some
+    service watches (Service.watched_paths): only they need files_changed."""
+    roots = [r.rstrip("/") + "/" for svc in services for r in svc.watched_paths()]
+    if not roots:
+        return []
+    return [p for p in paths if any(p.startswith(r) for r in roots)]
+
 
 def load_plugins(head: "Head") -> List[Service]:
     """Services registered by installed packages (entry points), by name order.

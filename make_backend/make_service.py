@@ -148,7 +148,8 @@ class MakeService(Service):
         env.update(args.get("env") or {})
         env.update({"GXP_NODE_ID": nid, "GXP_HOSTNAME": name})
         job = head.job_table.new_id()
-        paths = list(args.get("inputs") or [])
+        # only files some service caches (a mount) need acting on at the end
+        paths = head.watched(list(args.get("inputs") or []))
         settle = bool(paths)
         # The reply goes first: the client learns the job id before its output.
         head.reply(cid, req, 0, dict(why, job=job, node=nid, name=name, settle=settle))

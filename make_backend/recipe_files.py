@@ -72,6 +72,10 @@ def command_paths(cmd: str, cwd: str) -> List[str]:
         words = cmd.split()
     out: List[str] = []
     seen = set()
+    if words and "/" not in words[0] and "=" not in words[0]:
+        # the program: the shell looks a word without "/" up in PATH, never
+        # in the cwd (and no settle for cwd/echo in every recipe)
+        words = words[1:]
     for w in words[:MAX_WORDS]:
         for part in w.split("="):
             part = part.strip(_STRIP)
