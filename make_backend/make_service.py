@@ -34,6 +34,7 @@ JOB_ARGS = Rec({"cmd": Str(1 << 20)},
 # Once per make (per client): the environment most of its recipes share.
 ENV_ARGS = Rec({"env": _ENV})
 SETTLED_ARGS = Rec({"job": Int(0, 1 << 62)})
+NODE_VARS = ("GXP_NODE_ID", "GXP_HOSTNAME")   # the node's own, never the make's
 
 
 @dataclass
@@ -63,6 +64,9 @@ class MakeService(Service):
         self.paths: Dict[Tuple[str, int], List[str]] = {}     # running recipe -> its paths
         self.settling: Dict[Tuple[str, int], Settling] = {}
         self._timer: Optional[int] = None
+        # client -> (generation, the session's env it was built on, node -> environment)
+        self.bases: Dict[str, Tuple[int, Dict[str, Optional[str]], Dict[str, Dict[str, Optional[str]]]]] = {}
+        self.base_gen = 0
 
     def verbs(self) -> Dict[str, Verb]:
         return {"job": Verb(self.req_job, JOB_ARGS), "env": Verb(self.req_env, ENV_ARGS),
@@ -70,10 +74,12 @@ class MakeService(Service):
 
     def req_env(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         self.envs[cid] = dict(args["env"])
+        self.bases.pop(cid, None)
         self.head.reply(cid, req, 0, {})
 
     def client_closed(self, client: str) -> None:
         self.envs.pop(client, None)
+        self.bases.pop(client, None)
         self.waiting = [w for w in self.waiting if w.cid != client]
         for key in [k for k in self.settling if k[0] == client]:
             del self.settling[key]
@@ -143,10 +149,8 @@ class MakeService(Service):
              why: Dict[str, Any]) -> None:
         head = self.head
         name = head.tree[nid].name
-        env: Dict[str, Optional[str]] = head.shell.base_env()
-        env.update(self.envs.get(cid, {}))
-        env.update(args.get("env") or {})
-        env.update({"GXP_NODE_ID": nid, "GXP_HOSTNAME": name})
+        # what this recipe's environment changes from its make's (_base)
+        env = {k: v for k, v in (args.get("env") or {}).items() if k not in NODE_VARS}
         job = head.job_table.new_id()
         # only files some service caches (a mount) need acting on at the end
         paths = head.watched(list(args.get("inputs") or []))
@@ -158,7 +162,25 @@ class MakeService(Service):
             self.settling[(cid, job)] = Settling()
         self.scheduler.started((cid, job), nid, slots)
         head.job_table.start(self, cid, job, [nid], args["cmd"], lambda n, i: env,
-                             lambda n: args.get("cwd"), stdin=bool(args.get("stdin")))
+                             lambda n: args.get("cwd"), stdin=bool(args.get("stdin")),
+                             base_for=lambda n: self._base(cid, n))
+
+    def _base(self, cid: str, nid: str) -> Tuple[Any, Dict[str, Optional[str]]]:
+        """The environment a make's recipes share on node `nid` (the session's,
+        the make's, the node's GXP_ variables): each node gets it once
+        (JobTable.start), each recipe only what it changes."""
+        shell = self.head.shell.env
+        b = self.bases.get(cid)
+        if b is None or b[1] != shell:
+            self.base_gen += 1
+            b = self.bases[cid] = (self.base_gen, dict(shell), {})
+        env = b[2].get(nid)
+        if env is None:
+            env = dict(shell)
+            env.update(self.envs.get(cid, {}))
+            env.update({"GXP_NODE_ID": nid, "GXP_HOSTNAME": self.head.tree[nid].name})
+            b[2][nid] = env
+        return ("make", b[0]), env
 
     # -- write-on-exit ---------------------------------------------------------------
     def job_done(self, client: str, job: int, node: str, status: int, error: str) -> None:
