@@ -26,6 +26,7 @@ import struct
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from gxpstyle import wire
 from make_backend import recipe_files
 from make_backend.job_shell import HOST_BOUND
 
@@ -167,6 +168,7 @@ class Relay:
         self.block_hints: Dict[bytes, Dict[str, Any]] = {}   # placement hints (recipe_files.py)
         self.dir_hints = recipe_files.DirHints()
         self.explain_fd = explain_fd         # --explain-placement: a line per recipe there
+        self.null_rdev: Optional[int] = None  # /dev/null's device: no stdin worth reading
 
     # -- clients ----------------------------------------------------------------
     def _pause_accept(self) -> None:
@@ -268,7 +270,7 @@ class Relay:
         not own (reading it would stop us)."""
         try:
             st = os.fstat(fd)
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.stat(os.devnull).st_rdev:
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == self._null_rdev():
                 return False
             if os.isatty(fd) and os.tcgetpgrp(fd) != os.getpgrp():
                 return False
@@ -278,6 +280,11 @@ class Relay:
         p.register(fd, select.POLLIN)
         ev = p.poll(0)
         return not (ev and ev[0][1] & select.POLLHUP and not ev[0][1] & select.POLLIN)
+
+    def _null_rdev(self) -> int:
+        if self.null_rdev is None:
+            self.null_rdev = os.stat(os.devnull).st_rdev
+        return self.null_rdev
 
     def _stdin_readable(self, r: Recipe) -> None:
         try:
@@ -353,14 +360,12 @@ class Relay:
         return diff
 
     def _request(self, cmd: str, args: Dict[str, Any]) -> int:
-        from gxpstyle import wire
         self.c.req += 1
         self.out += wire.encode_frame(wire.HEAD, "c", {"op": "request", "req": self.c.req,
                                                        "cmd": cmd, "args": args})
         return self.c.req
 
     def _send(self, node: str, msg: Dict[str, Any]) -> None:
-        from gxpstyle import wire
         self.out += wire.encode_frame(node, "c", msg)
 
     def _flush(self) -> None:
@@ -372,7 +377,6 @@ class Relay:
                 self._session_gone("the session daemon went away (%s)" % (e.strerror or e))
 
     def _from_head(self) -> None:
-        from gxpstyle import wire
         try:
             data = self.c.sock.recv(1 << 20)
         except (BlockingIOError, InterruptedError):
