@@ -314,17 +314,17 @@ class Relay:
             self._finish(r, EXIT_NO_RUN, str(e))
             return
         args: Dict[str, Any] = {"cmd": node_command(r.argv), "cwd": r.cwd, "env": env, "avoid": r.avoid}
-        args.update(self._placement_fields(r, args["cmd"]))
+        args.update(self._placement_fields(r))
         if r.fds and self._wants_stdin(r.fds[0]):
             r.want_stdin = args["stdin"] = True
         r.req = self._request("job", args)
         self.by_req[r.req] = r
         r.started = time.time()
 
-    def _placement_fields(self, r: Recipe, cmd: str) -> Dict[str, Any]:
+    def _placement_fields(self, r: Recipe) -> Dict[str, Any]:
         """The recipe's paths and hints for the head's placement (recipe_files.py)."""
         out: Dict[str, Any] = dict(self.block_hints.get(r.env_block) or {})
-        paths = recipe_files.command_paths(cmd, r.cwd)
+        paths = recipe_files.recipe_paths([w.decode("utf-8", "surrogateescape") for w in r.argv], r.cwd)
         if paths:
             out["inputs"] = paths
         dp, _ = self.dir_hints.of(paths, r.cwd)
