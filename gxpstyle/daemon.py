@@ -263,6 +263,11 @@ class Head(Node):
     # -- files a node changed --------------------------------------------------
     FILES_CHANGED_WAIT = 30.0   # seconds; a service that never answers must not stall make
 
+    def watched(self, paths: List[str]) -> List[str]:
+        """Those of `paths` some service caches (services.under_watched): a
+        recipe that names none of them needs no files_changed at its end."""
+        return services.under_watched(self.services, paths)
+
     def files_changed(self, node: str, paths: List[str], done: Callable[[], None]) -> None:
         """Node `node` wrote `paths`: every service acts (Service.files_changed:
         mounts drop their kernel caches, the catalog learns sizes), and done()

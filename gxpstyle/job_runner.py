@@ -43,6 +43,7 @@ from gxpstyle.event_loop import EventLoop
 from gxpstyle.job_spawn import ShellSpawner
 
 READ_SIZE = 64 << 10
+ENV_BASES = 32              # environments a node keeps for `base` (JobTable.start mirrors it)
 OUT_WINDOW = 1 << 20        # output bytes in flight per job before its consumer acks
 STDIN_ACK_EVERY = 128 << 10
 KILL_GRACE = 1.0            # SIGTERM, then SIGKILL after this long
@@ -224,13 +225,27 @@ class JobRunner:
         # variable) costs more than the rest of a start. Nothing of ours
         # changes os.environ after start.
         self._envs: Dict[Any, Dict[str, str]] = {}
+        # The environments execs name by `base` (a make's, sent once per node),
+        # oldest first: the head forgets them in the same order.
+        self._bases: Dict[int, Dict[str, Optional[str]]] = {}
 
     # -- start -------------------------------------------------------------
     def start(self, requester: str, msg: Dict[str, Any]) -> None:
         key = (requester, msg["job"])
         if key in self.jobs:
             return
-        env = self._env(msg["env"])
+        base = msg.get("base")
+        if base is not None and msg.get("base_env") is not None:
+            self._bases.pop(base, None)
+            if len(self._bases) >= ENV_BASES:
+                del self._bases[next(iter(self._bases))]
+            self._bases[base] = msg["base_env"]
+            self._envs.clear()
+        if base is not None and base not in self._bases:
+            self.send(requester, {"op": "exit", "job": msg["job"], "status": 127,
+                                  "error": "start: the job's environment was not sent to this node"})
+            return
+        env = self._env(msg["env"], base)
         cwd = msg["cwd"] or env.get("HOME") or "/"
         if self.watchdog.wfd is None:
             self.watchdog._start()
@@ -248,18 +263,19 @@ class JobRunner:
         self._set_reading(job)
         self._check_lingering()
 
-    def _env(self, changes: Dict[str, Optional[str]]) -> Dict[str, str]:
-        key = frozenset(changes.items())
+    def _env(self, changes: Dict[str, Optional[str]], base: Optional[int] = None) -> Dict[str, str]:
+        key = (base, frozenset(changes.items()))
         env = self._envs.get(key)
         if env is None:
             env = dict(os.environ)
-            for k, v in changes.items():
-                if not isinstance(k, str) or "=" in k or "\0" in k:
-                    continue
-                if v is None:
-                    env.pop(k, None)
-                elif isinstance(v, str) and "\0" not in v:
-                    env[k] = v
+            for layer in (self._bases[base], changes) if base is not None else (changes,):
+                for k, v in layer.items():
+                    if not isinstance(k, str) or "=" in k or "\0" in k:
+                        continue
+                    if v is None:
+                        env.pop(k, None)
+                    elif isinstance(v, str) and "\0" not in v:
+                        env[k] = v
             if len(self._envs) >= 16:
                 self._envs.clear()
             self._envs[key] = env

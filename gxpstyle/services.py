@@ -77,6 +77,12 @@ class Service:
         service's done before it answers. The default acts on nothing."""
         done()
 
+    def watched_paths(self) -> List[str]:
+        """Absolute paths under which this service caches what files look
+        like (a mount's mountpoint): files_changed matters only for paths
+        under one of these. The default watches nothing."""
+        return []
+
     def replica_dir(self, node: str, path: str) -> Optional[str]:
         """A directory on `node`'s host where a transfer may write a complete
         copy of `path` (as users see it on the nodes) for adopt_replica, or
@@ -90,6 +96,15 @@ class Service:
         host uses. False if not this service's; else done(ok, error, holder)
         exactly once, `holder` being the node id the catalog records."""
         return False
+
+
+def under_watched(services: List[Service], paths: List[str]) -> List[str]:
+    """Those of `paths` (absolute, normalized) that lie under a path some
+    service watches (Service.watched_paths): only they need files_changed."""
+    roots = [r.rstrip("/") + "/" for svc in services for r in svc.watched_paths()]
+    if not roots:
+        return []
+    return [p for p in paths if any(p.startswith(r) for r in roots)]
 
 
 def load_plugins(head: "Head") -> List[Service]:
@@ -130,6 +145,7 @@ class JobRecord:
 
 
 MAX_INTERNAL_OUTPUT = 64 << 10
+ENV_BASES = 32    # job_runner.ENV_BASES: the bases a node keeps
 
 
 class JobTable:
@@ -145,6 +161,10 @@ class JobTable:
         self.head = head
         self.seq = 0
         self.jobs: Dict[Tuple[str, int], JobRecord] = {}
+        # Environment bases each node keeps (job_runner.ENV_BASES, oldest
+        # first, forgotten in the same order): node id -> {caller's key: id}
+        self.bases: Dict[str, Dict[Any, int]] = {}
+        self.base_seq = 0
 
     def new_id(self) -> int:
         """A job id, taken before start() so the client can hear it first."""
@@ -153,15 +173,34 @@ class JobTable:
 
     def start(self, owner: Service, client: str, job: int, nodes: List[str], cmd: str,
               env_for: Callable[[str, int], Dict[str, Optional[str]]],
-              cwd_for: Callable[[str], Optional[str]], stdin: bool = False) -> None:
-        """Start job `job` on `nodes`; its output and exit go to `client`."""
+              cwd_for: Callable[[str], Optional[str]], stdin: bool = False,
+              base_for: Optional[Callable[[str], Tuple[Any, Dict[str, Optional[str]]]]] = None) -> None:
+        """Start job `job` on `nodes`; its output and exit go to `client`.
+        With base_for(node) -> (key, environment), env_for gives only what
+        differs from that environment, which goes to each node once per key
+        (a make's recipes share one: it is not sent with every recipe)."""
         if not nodes:
             return
         self.jobs[(client, job)] = JobRecord(owner, client, {n: None for n in nodes})
         for idx, nid in enumerate(nodes):
             msg = {"op": "exec", "job": job, "cmd": cmd, "cwd": cwd_for(nid),
                    "env": env_for(nid, idx), "stdin": stdin, "notify": True}
+            if base_for is not None:
+                self._with_base(msg, nid, *base_for(nid))
             self.head.route_frame(nid, wire.encode_frame(nid, client, msg), None)
+
+    def _with_base(self, msg: Dict[str, Any], nid: str, key: Any,
+                   env: Dict[str, Optional[str]]) -> None:
+        kept = self.bases.setdefault(nid, {})
+        base = kept.get(key)
+        if base is None:
+            self.base_seq += 1
+            base = self.base_seq
+            if len(kept) >= ENV_BASES:
+                del kept[next(iter(kept))]
+            kept[key] = base
+            msg["base_env"] = env
+        msg["base"] = base
 
     def done(self, node: str, client: str, job: int, status: int, error: str) -> None:
         rec = self.jobs.get((client, job))
@@ -189,6 +228,8 @@ class JobTable:
 
     def nodes_lost(self, lost: str, reason_of: Callable[[str], str]) -> None:
         """Jobs on the lost subtree will never report: answer for them."""
+        for nid in [n for n in self.bases if wire.is_descendant(n, lost)]:
+            del self.bases[nid]
         for (client, job), rec in list(self.jobs.items()):
             for nid, status in list(rec.nodes.items()):
                 if status is None and wire.is_descendant(nid, lost):

@@ -145,9 +145,12 @@ SCHEMA: Dict[str, Rec] = {
     # jobs: a command with its cwd and environment, streamed output, exit, cancel.
     # `notify`: the node also tells the head the job ended (`done`), so the head
     # keeps its books without decoding the client's output frames.
+    # `base`: env is what differs from an environment the node keeps under
+    # that id (job_runner.py), given once in `base_env` (JobTable.start)
     "exec": Rec({"job": _JOB, "cmd": Str(1 << 20), "cwd": Opt(Str(4096)),
                  "env": MapOf(Opt(Str(1 << 20, nul=True)), 1 << 14), "stdin": Bool()},
-                {"notify": Bool()}, open=True),
+                {"notify": Bool(), "base": _JOB,
+                 "base_env": MapOf(Opt(Str(1 << 20, nul=True)), 1 << 14)}, open=True),
     "stdin": Rec({"job": _JOB, "data": Bytes(MAX_FRAME), "eof": Bool()}, open=True),
     "out": Rec({"job": _JOB, "fd": Choice(1, 2), "data": Bytes(MAX_FRAME)}, open=True),
     "exit": Rec({"job": _JOB, "status": Int(-(1 << 31), 1 << 31), "error": _TEXT}, open=True),

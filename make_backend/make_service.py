@@ -37,6 +37,7 @@ JOB_ARGS = Rec({"cmd": Str(1 << 20)},
 ENV_ARGS = Rec({"env": _ENV}, {"pull_threshold": Int(0, INF), "transfer_slots": Int(1, 64),
                                "pull_order": Str(8), "trace": Str(4096)})
 SETTLED_ARGS = Rec({"job": Int(0, 1 << 62)})
+NODE_VARS = ("GXP_NODE_ID", "GXP_HOSTNAME")   # the node's own, never the make's
 
 
 @dataclass
@@ -68,6 +69,9 @@ class MakeService(Service):
         self._timer: Optional[int] = None
         self.transfers = TransferPlanner(head)
         self.started: Dict[Tuple[str, int], Tuple[str, str, float]] = {}   # traced recipes
+        # client -> (generation, the session's env it was built on, node -> environment)
+        self.bases: Dict[str, Tuple[int, Dict[str, Optional[str]], Dict[str, Dict[str, Optional[str]]]]] = {}
+        self.base_gen = 0
 
     def verbs(self) -> Dict[str, Verb]:
         return {"job": Verb(self.req_job, JOB_ARGS), "env": Verb(self.req_env, ENV_ARGS),
@@ -83,10 +87,12 @@ class MakeService(Service):
             self.head.reply(cid, req, 1, {"error": "cannot write the trace %s: %s"
                                           % (args.get("trace"), e.strerror or e)})
             return
+        self.bases.pop(cid, None)
         self.head.reply(cid, req, 0, {})
 
     def client_closed(self, client: str) -> None:
         self.envs.pop(client, None)
+        self.bases.pop(client, None)
         self.waiting = [w for w in self.waiting if w.cid != client]
         for key in [k for k in self.settling if k[0] == client]:
             del self.settling[key]
@@ -163,12 +169,11 @@ class MakeService(Service):
              why: Dict[str, Any]) -> None:
         head = self.head
         name = head.tree[nid].name
-        env: Dict[str, Optional[str]] = head.shell.base_env()
-        env.update(self.envs.get(cid, {}))
-        env.update(args.get("env") or {})
-        env.update({"GXP_NODE_ID": nid, "GXP_HOSTNAME": name})
+        # what this recipe's environment changes from its make's (_base)
+        env = {k: v for k, v in (args.get("env") or {}).items() if k not in NODE_VARS}
         job = head.job_table.new_id()
-        paths = list(args.get("inputs") or [])
+        # only files some service caches (a mount) need acting on at the end
+        paths = head.watched(list(args.get("inputs") or []))
         settle = bool(paths)
         # The reply goes first: the client learns the job id before its output.
         head.reply(cid, req, 0, dict(why, job=job, node=nid, name=name, settle=settle))
@@ -189,8 +194,26 @@ class MakeService(Service):
                 self.started[(cid, job)] = (name, args["cmd"].strip().split("\n", 1)[0][:200],
                                             time.time())
             head.job_table.start(self, cid, job, [nid], args["cmd"], lambda n, i: env,
-                                 lambda n: args.get("cwd"), stdin=bool(args.get("stdin")))
+                                 lambda n: args.get("cwd"), stdin=bool(args.get("stdin")),
+                                 base_for=lambda n: self._base(cid, n))
         self.transfers.stage((cid, job), nid, paths, start)
+
+    def _base(self, cid: str, nid: str) -> Tuple[Any, Dict[str, Optional[str]]]:
+        """The environment a make's recipes share on node `nid` (the session's,
+        the make's, the node's GXP_ variables): each node gets it once
+        (JobTable.start), each recipe only what it changes."""
+        shell = self.head.shell.env
+        b = self.bases.get(cid)
+        if b is None or b[1] != shell:
+            self.base_gen += 1
+            b = self.bases[cid] = (self.base_gen, dict(shell), {})
+        env = b[2].get(nid)
+        if env is None:
+            env = dict(shell)
+            env.update(self.envs.get(cid, {}))
+            env.update({"GXP_NODE_ID": nid, "GXP_HOSTNAME": self.head.tree[nid].name})
+            b[2][nid] = env
+        return ("make", b[0]), env
 
     # -- write-on-exit ---------------------------------------------------------------
     def job_done(self, client: str, job: int, node: str, status: int, error: str) -> None:

@@ -25,6 +25,7 @@ Head side (the `gxpc make` process); standard library.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from typing import Dict, List, Optional, Tuple
 
@@ -32,6 +33,8 @@ HINT_VARS = ("GXP_ON", "GXP_PLACE", "GXP_SLOTS")
 MAX_WORDS = 4096
 XA_DP = "user.sshfsmux.dp"
 _STRIP = "<>|&;()'\"`"
+_C_FLAG = re.compile(r"-[A-Za-z]*c[A-Za-z]*$")   # sh -c, bash -ec, .SHELLFLAGS' -c
+_QUOTING = "'\"\\"   # what shlex.split treats otherwise than str.split
 
 
 def split_hints(env: Dict[str, Optional[str]]) -> Dict[str, str]:
@@ -66,12 +69,33 @@ def hint_args(hints: Dict[str, str]) -> Dict[str, object]:
 
 def command_paths(cmd: str, cwd: str) -> List[str]:
     """Absolute, normalized paths named by the words of a recipe's command."""
-    try:
-        words = shlex.split(cmd, posix=True)
-    except ValueError:
+    if any(c in cmd for c in _QUOTING):
+        try:
+            words = shlex.split(cmd, posix=True)
+        except ValueError:
+            words = cmd.split()
+    else:   # what shlex.split gives, without its cost (most recipes)
         words = cmd.split()
+    return word_paths(words, cwd)
+
+
+def recipe_paths(argv: List[str], cwd: str) -> List[str]:
+    """Paths named by the command make would run: a shell's recipe (the
+    word after its -c flag), or the words of a program make execs without a
+    shell (never the relay's wrapper around it: relay.node_command)."""
+    if any(_C_FLAG.match(w) for w in argv[1:-1]):
+        return command_paths(argv[-1], cwd)
+    return word_paths(argv, cwd)
+
+
+def word_paths(words: List[str], cwd: str) -> List[str]:
+    """Absolute, normalized paths named by a command's words."""
     out: List[str] = []
     seen = set()
+    if words and "/" not in words[0] and "=" not in words[0]:
+        # the program: the shell looks a word without "/" up in PATH, never
+        # in the cwd (and no settle for cwd/echo in every recipe)
+        words = words[1:]
     for w in words[:MAX_WORDS]:
         for part in w.split("="):
             part = part.strip(_STRIP)

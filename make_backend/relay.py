@@ -26,6 +26,7 @@ import struct
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from gxpstyle import wire
 from make_backend import recipe_files
 from make_backend.job_shell import HOST_BOUND
 
@@ -169,6 +170,7 @@ class Relay:
         self.block_hints: Dict[bytes, Dict[str, Any]] = {}   # placement hints (recipe_files.py)
         self.dir_hints = recipe_files.DirHints()
         self.explain_fd = explain_fd         # --explain-placement: a line per recipe there
+        self.null_rdev: Optional[int] = None  # /dev/null's device: no stdin worth reading
 
     # -- clients ----------------------------------------------------------------
     def _pause_accept(self) -> None:
@@ -270,7 +272,7 @@ class Relay:
         not own (reading it would stop us)."""
         try:
             st = os.fstat(fd)
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.stat(os.devnull).st_rdev:
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == self._null_rdev():
                 return False
             if os.isatty(fd) and os.tcgetpgrp(fd) != os.getpgrp():
                 return False
@@ -280,6 +282,11 @@ class Relay:
         p.register(fd, select.POLLIN)
         ev = p.poll(0)
         return not (ev and ev[0][1] & select.POLLHUP and not ev[0][1] & select.POLLIN)
+
+    def _null_rdev(self) -> int:
+        if self.null_rdev is None:
+            self.null_rdev = os.stat(os.devnull).st_rdev
+        return self.null_rdev
 
     def _stdin_readable(self, r: Recipe) -> None:
         try:
@@ -309,17 +316,17 @@ class Relay:
             self._finish(r, EXIT_NO_RUN, str(e))
             return
         args: Dict[str, Any] = {"cmd": node_command(r.argv), "cwd": r.cwd, "env": env, "avoid": r.avoid}
-        args.update(self._placement_fields(r, args["cmd"]))
+        args.update(self._placement_fields(r))
         if r.fds and self._wants_stdin(r.fds[0]):
             r.want_stdin = args["stdin"] = True
         r.req = self._request("job", args)
         self.by_req[r.req] = r
         r.started = time.time()
 
-    def _placement_fields(self, r: Recipe, cmd: str) -> Dict[str, Any]:
+    def _placement_fields(self, r: Recipe) -> Dict[str, Any]:
         """The recipe's paths and hints for the head's placement (recipe_files.py)."""
         out: Dict[str, Any] = dict(self.block_hints.get(r.env_block) or {})
-        paths = recipe_files.command_paths(cmd, r.cwd)
+        paths = recipe_files.recipe_paths([w.decode("utf-8", "surrogateescape") for w in r.argv], r.cwd)
         if paths:
             out["inputs"] = paths
         dp, _ = self.dir_hints.of(paths, r.cwd)
@@ -355,14 +362,12 @@ class Relay:
         return diff
 
     def _request(self, cmd: str, args: Dict[str, Any]) -> int:
-        from gxpstyle import wire
         self.c.req += 1
         self.out += wire.encode_frame(wire.HEAD, "c", {"op": "request", "req": self.c.req,
                                                        "cmd": cmd, "args": args})
         return self.c.req
 
     def _send(self, node: str, msg: Dict[str, Any]) -> None:
-        from gxpstyle import wire
         self.out += wire.encode_frame(node, "c", msg)
 
     def _flush(self) -> None:
@@ -374,7 +379,6 @@ class Relay:
                 self._session_gone("the session daemon went away (%s)" % (e.strerror or e))
 
     def _from_head(self) -> None:
-        from gxpstyle import wire
         try:
             data = self.c.sock.recv(1 << 20)
         except (BlockingIOError, InterruptedError):

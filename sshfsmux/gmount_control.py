@@ -66,6 +66,8 @@ class GMountService(Service):
         super().__init__(head)
         self.mounts: Dict[str, Mount] = {}
         self._detaching: Dict[Any, Callable[[str], None]] = {}
+        # files_changed of this loop round: (node, paths, done), sent at its end
+        self._changes: List[Any] = []
 
     def verbs(self) -> Dict[str, Verb]:
         return {"mount": Verb(self.request_mount, MOUNT_ARGS),
@@ -247,48 +249,70 @@ class GMountService(Service):
                 return m
         return None
 
+    def watched_paths(self) -> List[str]:
+        """Files under a mountpoint are what a mount caches (Head.watched)."""
+        return list(self.mounts)
+
     def files_changed(self, node: str, paths: List[str], done: Callable[[], None]) -> None:
         """Write-on-exit: every live mount drops its kernel caches for `paths`
         and the mount of the host that ran the recipe (it holds what the
         recipe wrote: creates land in the local export) describes them for
         the catalog (none when `node` is "": a failed recipe's files); done()
-        once every mount has answered (or is lost)."""
-        by_mount: Dict[str, List[str]] = {}
-        for p in paths:
-            found = self._mount_of(os.path.normpath(p))
-            if found is not None:
-                by_mount.setdefault(found.mountpoint, []).append(
-                    os.path.relpath(os.path.normpath(p), found.mountpoint))
+        once every mount has answered (or is lost).
+        The recipes that end in one loop round share one `changed` call per
+        mount service (two where some of them ran on its host)."""
+        if not self._changes:
+            self.head.loop.at_end(self._send_changes)
+        self._changes.append((node, paths, done))
+
+    def _send_changes(self) -> None:
+        batch, self._changes = self._changes, []
+        # (mountpoint, service id) -> [described rels, other rels], each in order, once
+        calls: Dict[Any, List[Dict[str, None]]] = {}
+        waiting: List[Callable[[], None]] = []
+        for node, paths, done in batch:
+            host = self.head.tree[node].hostname if node in self.head.tree else None
+            touched = False
+            for p in paths:
+                p = os.path.normpath(p)
+                m = self._mount_of(p)
+                if m is None:
+                    continue
+                rel = os.path.relpath(p, m.mountpoint)
+                for nid, sid in m.services.items():
+                    svc = self.head.tree.get(sid)
+                    if svc is None or svc.state != "up":
+                        continue
+                    touched = True
+                    lists = calls.setdefault((m.mountpoint, nid, sid), [{}, {}])
+                    lists[0 if self.head.tree[nid].hostname == host else 1][rel] = None
+            if touched:
+                waiting.append(done)
+            else:
+                done()
         pending: Set[Any] = set()
-        host = self.head.tree[node].hostname if node in self.head.tree else None
 
         def acted(key: Any) -> None:
             pending.discard(key)
             if not pending:
-                done()
+                for done in waiting:
+                    done()
 
-        calls = []
-        for mp, rels in by_mount.items():
-            m = self.mounts[mp]
-            for nid, sid in m.services.items():
-                svc = self.head.tree.get(sid)
-                if svc is None or svc.state != "up":
-                    continue
-                holder = self.head.tree[nid].hostname == host
-                calls.append((m, nid, sid, rels, holder))
-                pending.add(sid)
-        if not pending:
-            done()
-            return
-        for m, nid, sid, rels, holder in calls:
-            def answered(ok: bool, error: str, result: Dict[str, Any], m: Mount = m,
+        sends = []
+        for (mp, nid, sid), (described, others) in calls.items():
+            for holder, rels in ((True, list(described)), (False, [r for r in others if r not in described])):
+                if rels:
+                    pending.add((sid, holder))
+                    sends.append((self.mounts[mp], nid, sid, rels, holder))
+        for mount, nid, sid, rels, holder in sends:
+            def answered(ok: bool, error: str, result: Dict[str, Any], m: Mount = mount,
                          nid: str = nid, sid: str = sid, rels: List[str] = rels,
                          holder: bool = holder) -> None:
                 if ok and holder:
                     self._record(m, nid, rels, result.get("files") or [])
                 elif not ok:
                     self.head.write_log("gmount: %s: changed files: %s" % (self._name(nid), error))
-                acted(sid)
+                acted((sid, holder))
             self.head.call_service(sid, "changed", {"paths": rels, "describe": holder}, answered)
 
     def _record(self, m: Mount, nid: str, rels: List[str], files: List[Any]) -> None:

@@ -91,3 +91,14 @@ def test_the_fallback_job_shell_finds_recursive_lines_with_any_jobserver():
         assert is_recursive("cd sub && make -j4 all", flags)
         assert is_recursive("/usr/bin/gmake -C d", flags)
         assert not is_recursive("echo making; cc -o make.o make.c", flags)
+
+
+def test_a_recipes_paths_come_from_what_make_runs_never_from_the_relays_wrapper():
+    from make_backend.recipe_files import recipe_paths
+    assert recipe_paths(["/bin/sh", "-c", "echo t1 >/dev/null"], "/x") == ["/x/t1", "/dev/null"]
+    # a program make execs without a shell: its words, not node_command's
+    # `command -v ... printf ... exit 127` (each would be settled as a file)
+    assert recipe_paths(["true"], "/x") == []
+    assert recipe_paths(["./prog", "out.txt"], "/x") == ["/x/prog", "/x/out.txt"]
+    assert recipe_paths(["/bin/bash", "-eu", "-o", "pipefail", "-c", "cp a b"], "/x") == ["/x/a", "/x/b"]
+    assert recipe_paths(["bash", "-ec", "cc -o 'x y' z.c"], "/x") == ["/x/x y", "/x/z.c"]

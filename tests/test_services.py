@@ -48,6 +48,23 @@ def test_request_schemas_are_closed_and_ranged():
         EXPLORE_ARGS.check({"fanout": 0}, "explore")
 
 
+def test_only_paths_under_what_a_service_watches_need_acting_on():
+    from gxpstyle import services
+
+    class Mounts(services.Service):
+        def __init__(self, roots):
+            self.roots = roots
+
+        def watched_paths(self):
+            return self.roots
+
+    none, mnt = Mounts([]), Mounts(["/tmp/mnt", "/data/"])
+    paths = ["/tmp/mnt/a", "/tmp/mnt", "/tmp/mnt2/b", "/data/x/y", "/dev/null"]
+    assert services.under_watched([none], paths) == []
+    assert services.under_watched([none, mnt], paths) == ["/tmp/mnt/a", "/data/x/y"]
+    assert services.under_watched([Mounts(["/"])], ["/a", "/b/c"]) == ["/a", "/b/c"]
+
+
 def test_explore_payload_keeps_its_budget_after_a_push():
     """After a mount pushed its modules, newly explored agents still get the
     small agent payload; only service children get the mount code."""
