@@ -291,6 +291,56 @@ class Bench:
         raise NotImplementedError
 
 
+class GMountBench(Bench):
+    """A session of the head and `hosts` on the test bed, one GMount across
+    them (export and mountpoint under /tmp, named by `prefix`), recipes kept
+    off the head. Subclasses set `hosts`, `host_glob` and `bandwidth`."""
+
+    leftover_fuse_only = True
+    call_timeout = 1800
+    hosts: "list[str]" = []
+    host_glob = ""
+    bandwidth = None
+
+    def __init__(self, log, prefix: str) -> None:
+        super().__init__(log)
+        tag = uuid.uuid4().hex[:6]
+        self.prefix = prefix
+        self.top = "/var/tmp/%s-%s" % (prefix, tag)
+        self.export, self.mnt = "/tmp/%s-exp-%s" % (prefix, tag), "/tmp/%s-mnt-%s" % (prefix, tag)
+        self.mount_tag = "%s-mnt-%s" % (prefix, tag)
+        self.mounted = False
+
+    def setup(self) -> None:
+        self.check_installed()
+        self.open_fuse()
+        dt = self.bed_up(self.hosts, self.prefix, bw=self.bandwidth)
+        self.make_dir(self.top)
+        self.session = os.path.join(self.top, "session")
+        self.gxpc("use", "ssh", "head", self.host_glob)
+        self.gxpc("explore", *self.hosts)
+        self.gxpc("e", "mkdir -p %s %s" % (self.export, self.mnt))
+        self.gxpc("mount", self.export, self.mnt)
+        self.mounted = True
+        # the head runs no recipe: its mask leaves it out
+        self.gxpc("e", 'test "$GXP_NODE_ID" != 0', check=False)
+        self.gxpc("smask")
+        self.log("test bed of %d hosts (%s links) up in %.1fs; GMount at %s"
+                 % (len(self.hosts), self.bandwidth, dt, self.mnt))
+
+    def release(self) -> None:
+        if self.session is None:
+            return
+        if self.mounted:
+            self.guarded("unmounting", self.gxpc, "umount", self.mnt)
+        self.guarded("quitting", self.quit_session)
+        # `gxpc e mkdir` made them on the head too (the hosts' go with the
+        # bed); the mountpoint only if empty: never through a mount
+        self.guarded("removing " + self.export, shutil.rmtree, self.export, True)
+        if os.path.isdir(self.mnt):
+            self.guarded("removing " + self.mnt, os.rmdir, self.mnt)
+
+
 def main_driver(bench_class, *args, odd_on_failure: bool = True) -> int:
     """As root only (else 2): SIGTERM/SIGHUP made exceptions, then bench_class(*args)
     set up and run, cleaned up whatever happens, and its report printed on success.

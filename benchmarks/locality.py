@@ -41,12 +41,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
-import uuid
 
-from bench_harness import Bench, BenchError, log, main_driver, ratio_text
+from bench_harness import GMountBench, BenchError, log, main_driver, ratio_text
 
 HOSTS = ["tq%02d" % i for i in range(1, 9)]
 BW = "100mbit"
@@ -76,49 +74,15 @@ CONFUGA_BWA = [
 ]
 
 
-class LocalityBench(Bench):
+class LocalityBench(GMountBench):
     name = "locality.py"
-    call_timeout = 1800
-    leftover_fuse_only = True
+    hosts = HOSTS
+    host_glob = "tq*"
+    bandwidth = BW
 
     def __init__(self, a) -> None:
-        super().__init__(log)
+        super().__init__(log, "gxplq")
         self.a = a
-        tag = uuid.uuid4().hex[:6]
-        self.top = "/var/tmp/gxplq-" + tag
-        self.export, self.mnt = "/tmp/gxplq-exp-" + tag, "/tmp/gxplq-mnt-" + tag
-        self.mount_tag = "gxplq-mnt-" + tag
-        self.mounted = False
-
-    # -- the session -----------------------------------------------------------
-    def setup(self) -> None:
-        self.check_installed()
-        self.open_fuse()
-        dt = self.bed_up(HOSTS, "gxplq", bw=BW)
-        self.make_dir(self.top)
-        self.session = os.path.join(self.top, "session")
-        self.gxpc("use", "ssh", "head", "tq*")
-        self.gxpc("explore", *HOSTS)
-        self.gxpc("e", "mkdir -p %s %s" % (self.export, self.mnt))
-        self.gxpc("mount", self.export, self.mnt)
-        self.mounted = True
-        # the head runs no recipe: its mask leaves it out
-        self.gxpc("e", 'test "$GXP_NODE_ID" != 0', check=False)
-        self.gxpc("smask")
-        self.log("test bed of %d hosts (%s links) up in %.1fs; GMount at %s"
-                 % (len(HOSTS), BW, dt, self.mnt))
-
-    def release(self) -> None:
-        if self.session is None:
-            return
-        if self.mounted:
-            self.guarded("unmounting", self.gxpc, "umount", self.mnt)
-        self.guarded("quitting", self.quit_session)
-        # `gxpc e mkdir` made them on the head too (the hosts' go with the
-        # bed); the mountpoint only if empty: never through a mount
-        self.guarded("removing " + self.export, shutil.rmtree, self.export, True)
-        if os.path.isdir(self.mnt):
-            self.guarded("removing " + self.mnt, os.rmdir, self.mnt)
 
     # -- measuring -------------------------------------------------------------
     def rx_bytes(self) -> "dict[str, int]":

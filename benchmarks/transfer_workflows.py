@@ -38,9 +38,8 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
 
-from bench_harness import Bench, BenchError, log, ratio_text
+from bench_harness import GMountBench, BenchError, log, ratio_text
 
 HOSTS = ["tw%02d" % i for i in range(1, 9)]
 BW = "100mbit"
@@ -70,43 +69,16 @@ all: $(PARTS:.fq=.sam)
 """
 
 
-class WorkflowsBench(Bench):
+class WorkflowsBench(GMountBench):
     name = "transfers.py --workflows"
-    call_timeout = 1800
-    leftover_fuse_only = True
+    hosts = HOSTS
+    host_glob = "tw*"
+    bandwidth = BW
 
     def __init__(self, a) -> None:
-        super().__init__(log)
+        super().__init__(log, "gxptw")
         self.a = a
-        tag = uuid.uuid4().hex[:6]
-        self.top = "/var/tmp/gxptw-" + tag
-        self.export, self.mnt = "/tmp/gxptw-exp-" + tag, "/tmp/gxptw-mnt-" + tag
-        self.mount_tag = "gxptw-mnt-" + tag
-        self.mounted = False
         self.seq = 0
-
-    def setup(self) -> None:
-        self.check_installed()
-        self.open_fuse()
-        dt = self.bed_up(HOSTS, "gxptw", bw=BW)
-        self.make_dir(self.top)
-        self.session = os.path.join(self.top, "session")
-        self.gxpc("use", "ssh", "head", "tw*")
-        self.gxpc("explore", *HOSTS)
-        self.gxpc("e", "mkdir -p %s %s" % (self.export, self.mnt))
-        self.gxpc("mount", self.export, self.mnt)
-        self.mounted = True
-        self.gxpc("e", 'test "$GXP_NODE_ID" != 0', check=False)
-        self.gxpc("smask")
-        self.log("test bed of %d hosts (%s links) up in %.1fs; GMount at %s"
-                 % (len(HOSTS), BW, dt, self.mnt))
-
-    def release(self) -> None:
-        if self.session is None:
-            return
-        if self.mounted:
-            self.guarded("unmounting", self.gxpc, "umount", self.mnt)
-        self.guarded("quitting", self.quit_session)
 
     # -- helpers -----------------------------------------------------------------
     def rx_bytes(self) -> int:

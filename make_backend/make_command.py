@@ -58,12 +58,14 @@ waiting for a node; nodes busy).
   -h, --help      show this help
 
 Placement: a recipe goes to the node whose host already holds the most of the
-files its command names (the session's replica catalog), waiting a few seconds
-for a slot there before it runs elsewhere; with nothing known, to the least busy
-node. Target-specific variables say more: `out: GXP_ON = tb03` (a node, a host
-pattern or a saved mask), `GXP_PLACE = hard` (wait for the node holding the
-data; `soft` makes GXP_ON a preference; `load` ignores the data),
-`GXP_SLOTS = 4` (slots the recipe takes). A recipe succeeds, for make, once every node sees its outputs.
+files its command names (the session's replica catalog), waiting for a slot
+there up to half the median run time of the recipes so far (0.5 to 60 s; 3 s
+before any has ended) before it runs elsewhere; with nothing known, to the
+least busy node. Target-specific variables say more: `out: GXP_ON = tb03` (a
+node, a host pattern or a saved mask), `GXP_PLACE = hard` (wait for the node
+holding the data; `soft` makes GXP_ON a preference; `load` ignores the data),
+`GXP_SLOTS = 4` (slots the recipe takes). A recipe succeeds, for make, once
+every node sees its outputs.
 
 Recipes run under the same directory on their node, so the working directory
 must be on the session's GMount (gxpc mount) unless every node is a local agent
