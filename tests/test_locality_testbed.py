@@ -73,6 +73,15 @@ def _where(g, paths) -> dict:
     return out
 
 
+def _wait_where(g, path: str, want: dict, seconds: float = 20.0) -> None:
+    """Until `gxpc where` says `want` for `path`; fails with what it says
+    when `seconds` pass first."""
+    deadline = time.monotonic() + seconds
+    while _where(g, [path])[path] != want:
+        assert time.monotonic() < deadline, _where(g, [path])
+        time.sleep(0.2)
+
+
 # Stage 0 is made on tl03 (GXP_ON, not exported); every later stage reads the
 # previous one (8 MiB) and must run where it is, with no annotation at all.
 CHAIN = ("all: s4\ns0: GXP_ON = tl03\ns0:\n\thead -c %d /dev/urandom > $@ && hostname > $@.host\n"
@@ -277,15 +286,10 @@ def test_files_written_through_the_mount_reach_the_catalog(mounted):
     path = os.path.join(work, "written-on-tl05")
     try:
         g.ok("e", "--hosts", "tl05", "head -c 300000 /dev/zero > %s" % path)
-        deadline = time.monotonic() + 20
-        while _where(g, [path])[path] != {"tl05": ("300000",)}:
-            assert time.monotonic() < deadline, _where(g, [path])
-            time.sleep(0.2)
+        _wait_where(g, path, {"tl05": ("300000",)})
         assert _location(g, path) == {"tl05"}
         g.ok("e", "--hosts", "tl06", "rm %s" % path)
-        while _where(g, [path])[path] != {}:
-            assert time.monotonic() < deadline + 20, _where(g, [path])
-            time.sleep(0.2)
+        _wait_where(g, path, {})
     finally:
         _as_user(g, ["rm", "-rf", work])
 
@@ -300,17 +304,11 @@ def test_a_file_written_through_another_nodes_mount_keeps_its_holder(mounted):
     path = os.path.join(work, "lives-on-tl05")
     try:
         g.ok("e", "--hosts", "tl05", "head -c 300000 /dev/zero > %s" % path)
-        deadline = time.monotonic() + 20
-        while _where(g, [path])[path] != {"tl05": ("300000",)}:
-            assert time.monotonic() < deadline, _where(g, [path])
-            time.sleep(0.2)
+        _wait_where(g, path, {"tl05": ("300000",)})
         g.ok("e", "--hosts", "tl06", "head -c 1000 /dev/zero >> %s" % path)
         r = g.ok("e", "--hosts", "tl06", "stat -c %%s %s" % path)
         assert r.stdout.split()[-1] == "301000", r.stdout
-        deadline = time.monotonic() + 20
-        while _where(g, [path])[path] != {"tl05": ("301000",)}:
-            assert time.monotonic() < deadline, _where(g, [path])
-            time.sleep(0.2)
+        _wait_where(g, path, {"tl05": ("301000",)})
         # and it stays so once tl06's change feed has answered (0.3 s coalescing)
         time.sleep(1.5)
         assert _where(g, [path])[path] == {"tl05": ("301000",)}
