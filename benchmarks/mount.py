@@ -288,7 +288,9 @@ class MountBench(Bench):
             cache = self.mkdir_user(os.path.join(self.top, "cache"))
             argv = [SSHFSM, "-o", "cache_dir=" + cache, spec, mp]
         elif kind == "bindfs":
-            argv = ["bindfs", spec, mp]
+            # an ordinary user: bindfs adds -o allow_other unless told not to,
+            # and fusermount refuses it without user_allow_other in fuse.conf
+            argv = ["bindfs", "--no-allow-other", spec, mp]
         else:
             argv = [SSHFS, spec, mp]
         # sshfs daemonizes; its ssh child would keep a captured pipe open: no pipes.
