@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from gxpstyle import hostpattern, wire
 from gxpstyle.schema import Bool, Opt, Rec, Str
-from gxpstyle.services import Service, Verb
+from gxpstyle.services import Service, Verb, node_is_up, node_name
 
 CHUNK = wire.CHUNK
 PROGRESS_EVERY = 0.5
@@ -145,7 +145,8 @@ class BcastService(Service):
         that needs the file a moment later costs the source's link nothing.
         False if it cannot join (finished, failed, or `nid` already in it):
         then start a transfer of its own."""
-        if t.finished or t.error or nid in t.targets or nid in t.members or not self._up(nid):
+        if (t.finished or t.error or nid in t.targets or nid in t.members
+                or not node_is_up(self.head.tree, nid)):
             return False
         if not t.members:           # not planned yet: planned with the others
             t.targets.append(nid)
@@ -188,7 +189,7 @@ class BcastService(Service):
         self._maybe_plan(t)
 
     def _maybe_plan(self, t: Transfer) -> None:
-        if any(s not in t.opened and self._up(s) for s in t.sources):
+        if any(s not in t.opened and node_is_up(self.head.tree, s) for s in t.sources):
             return
         good = [s for s in t.sources if t.opened.get(s, {}).get("ok")]
         if not good:
@@ -234,7 +235,7 @@ class BcastService(Service):
             if m.feeder is not None:
                 self._feed(t, m, m.feeder)
         for m in list(t.members.values()):
-            if not self._up(m.id) and not m.error:
+            if not node_is_up(self.head.tree, m.id) and not m.error:
                 self._fail(t, m, "node lost: %s" % self.head.tree[m.id].reason
                            if m.id in self.head.tree else "node lost")
         self._check_done(t)
@@ -242,7 +243,7 @@ class BcastService(Service):
     def _feed(self, t: Transfer, m: Member, feeder: str) -> None:
         m.feeder = feeder
         msg: Dict[str, Any] = {"op": "bc_feed", "bc": t.id, "child": m.id, "start": m.have}
-        if self.fault is not None and self._name(m.id) == self.fault[0]:
+        if self.fault is not None and node_name(self.head.tree, m.id) == self.fault[0]:
             msg["corrupt"] = self.fault[1]
             self.fault = None
         self.head.send(feeder, msg)
@@ -270,14 +271,14 @@ class BcastService(Service):
     def _fail(self, t: Transfer, m: Member, reason: str, gone: bool = False) -> None:
         """m's copy failed (a source still feeds from its file unless it is gone)."""
         m.error = reason
-        if gone or not self._up(m.id):
+        if gone or not node_is_up(self.head.tree, m.id):
             m.source = False
-        if m.feeder is not None and m.feeder != m.id and self._up(m.feeder):
+        if m.feeder is not None and m.feeder != m.id and node_is_up(self.head.tree, m.feeder):
             self.head.send(m.feeder, {"op": "bc_drop", "bc": t.id, "child": m.id})
         m.feeder = None
         if m.source:
             return
-        if self._up(m.id):
+        if node_is_up(self.head.tree, m.id):
             self.head.send(m.id, {"op": "bc_stop", "bc": t.id})
         for child in t.members.values():
             if child.feeder == m.id and child is not m and not child.error and not child.done:
@@ -295,14 +296,14 @@ class BcastService(Service):
                 c = t.members[c.feeder]
             return False
         cands = [c for c in t.members.values()
-                 if c is not m and self._up(c.id) and not fed_through(c)
+                 if c is not m and node_is_up(self.head.tree, c.id) and not fed_through(c)
                  and (c.source or (not c.error and c.feeder is not None))]
         cands.sort(key=lambda c: (c.id == avoid, not c.source, -c.have, _depth(c.id)))
         if not cands:
             self._fail(t, m, "no holder of %s is left to fetch it from" % t.path)
             return
         old = m.feeder
-        if old is not None and old != cands[0].id and self._up(old):
+        if old is not None and old != cands[0].id and node_is_up(self.head.tree, old):
             self.head.send(old, {"op": "bc_drop", "bc": t.id, "child": m.id})
         self._feed(t, m, cands[0].id)
 
@@ -313,8 +314,9 @@ class BcastService(Service):
                 continue
             for m in list(t.members.values()):
                 if wire.is_descendant(m.id, lost) and (not m.error or m.source):
-                    self._fail(t, m, "node lost: %s" % reason if m.id == lost
-                               else "node lost with %s: %s" % (self._name(lost), reason), gone=True)
+                    why = ("node lost: %s" % reason if m.id == lost else
+                           "node lost with %s: %s" % (node_name(self.head.tree, lost), reason))
+                    self._fail(t, m, why, gone=True)
             self._check_done(t)
 
     def client_closed(self, client: str) -> None:
@@ -340,7 +342,7 @@ class BcastService(Service):
         t.ended = time.monotonic()
         self.transfers.pop(t.id, None)
         for nid in set(t.members) | set(t.sources):
-            if self._up(nid):
+            if node_is_up(self.head.tree, nid):
                 self.head.send(nid, {"op": "bc_stop", "bc": t.id})
         t.on_done(t)
 
@@ -356,7 +358,7 @@ class BcastService(Service):
         if args.get("src_nodes"):
             pat = hostpattern.compile_pattern(args["src_nodes"])
             sources = [nid for nid in sorted(self.head.tree, key=_id_key)
-                       if self._up(nid) and not self.head.tree[nid].role
+                       if node_is_up(self.head.tree, nid) and not self.head.tree[nid].role
                        and any(pat.match(x) for x in self.head.tree[nid].names())]
             if not sources:
                 raise ValueError("bcast: no node matches %r" % args["src_nodes"])
@@ -376,7 +378,7 @@ class BcastService(Service):
                     mib, t.size / (1 << 20), done, len(t.targets))).encode()})
 
         def done(t: Transfer) -> None:
-            names = {nid: self._name(nid) for nid in t.targets}
+            names = {nid: node_name(self.head.tree, nid) for nid in t.targets}
             result = {"nodes": names, "failed": t.failed(), "error": t.error, "bytes": t.size,
                       "seconds": t.ended - t.started, "sha256": t.sha,
                       "plan": {m.id: m.feeder or "" for m in t.members.values()}}
@@ -384,14 +386,6 @@ class BcastService(Service):
 
         t = self.start(sources, args["src"], targets, args["dest"], done, progress)
         t.client = cid
-
-    def _up(self, nid: str) -> bool:
-        n = self.head.tree.get(nid)
-        return n is not None and n.state == "up"
-
-    def _name(self, nid: str) -> str:
-        n = self.head.tree.get(nid)
-        return n.name if n is not None else nid
 
 
 def _next_hop(node: str, toward: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Set
 
 from gxpstyle import hostpattern, wire
 from gxpstyle.schema import Bool, MapOf, Opt, Rec, Str
-from gxpstyle.services import Service, Verb
+from gxpstyle.services import Service, Verb, node_is_up
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MASK = Str(256, empty=False)
@@ -88,7 +88,7 @@ class ExecService(Service):
         self.head.reply(cid, req, 0, {})
 
     def req_smask(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        ok = {n for n, s in self.last_status.items() if s == 0 and self._up(n)}
+        ok = {n for n, s in self.last_status.items() if s == 0 and node_is_up(self.head.tree, n)}
         self.mask = ok
         self.head.reply(cid, req, 0, {"count": len(ok)})
 
@@ -100,10 +100,6 @@ class ExecService(Service):
         name = args["name"]
         self.saved_masks[name] = {n for n, s in self.last_status.items() if s == 0}
         self.head.reply(cid, req, 0, {"count": len(self.saved_masks[name])})
-
-    def _up(self, nid: str) -> bool:
-        n = self.head.tree.get(nid)
-        return n is not None and n.state == "up"
 
     def select_nodes(self, args: Dict[str, Any]) -> List[str]:
         """The explored nodes `e` runs on: a saved mask, the current mask, or all;

@@ -98,6 +98,17 @@ class Service:
         return False
 
 
+def node_is_up(tree: Dict[str, Any], nid: str) -> bool:
+    """Node `nid` of the head's tree is explored and up."""
+    n = tree.get(nid)
+    return n is not None and n.state == "up"
+
+
+def node_name(tree: Dict[str, Any], nid: str) -> str:
+    """What users call node `nid`: its name, or its id once it left the tree."""
+    n = tree.get(nid)
+    return n.name if n is not None else nid
+
 def under_watched(services: List[Service], paths: List[str]) -> List[str]:
     """Those of `paths` (absolute, normalized) that lie under a path some
     service watches (Service.watched_paths): only they need files_changed."""

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from gxpstyle import wire
+from gxpstyle.services import node_is_up, node_name
 from make_backend.transfer_trace import TraceFile
 
 INF = 1 << 62                      # `inf` on the wire: pull everything
@@ -151,7 +152,7 @@ class TransferPlanner:
 
     def _need(self, node: str, host: str, path: str, o: Options) -> Optional[Need]:
         reps = self.head.catalog.replicas(path)
-        up = {n: r for n, r in reps.items() if self._up(n)}
+        up = {n: r for n, r in reps.items() if node_is_up(self.head.tree, n)}
         if not up or any(self._host(n) == host for n in up):
             return None                 # nobody has it (an output to come), or here already
         if self.head.replica_dir(node, path) is None:
@@ -216,7 +217,7 @@ class TransferPlanner:
 
     def _start(self, group: List[Need]) -> None:
         first = group[0]
-        holders = [n for n in self.head.catalog.holders(first.path) if self._up(n)]
+        holders = [n for n in self.head.catalog.holders(first.path) if node_is_up(self.head.tree, n)]
         if first.push:
             # the head plans: the holder feeding the fewest transfers first
             holders.sort(key=lambda n: (self.feeding.get(n, 0), _id_key(n)))
@@ -273,13 +274,13 @@ class TransferPlanner:
             tr = self.trace(st.key[0])
             if tr is not None and id(tr) not in seen:
                 seen.add(id(tr))
-                tr.transfer(self._name(need.node), need.path, need.size, need.started,
-                            time.time(), "push" if need.push else "pull", self._name(source))
+                tr.transfer(node_name(self.head.tree, need.node), need.path, need.size, need.started,
+                            time.time(), "push" if need.push else "pull", node_name(self.head.tree, source))
 
     def _finish(self, need: Need, error: str = "") -> None:
         if error:
             self.head.write_log("transfer of %s to %s: %s (the recipe reads it through the mount)"
-                                % (need.path, self._name(need.node), error))
+                                % (need.path, node_name(self.head.tree, need.node), error))
         self.needs.pop((need.node, need.path), None)
         if need in self.queue:
             self.queue.remove(need)
@@ -298,17 +299,9 @@ class TransferPlanner:
             self._finish(need, "node lost")
 
     # -- helpers -----------------------------------------------------------------
-    def _up(self, nid: str) -> bool:
-        n = self.head.tree.get(nid)
-        return n is not None and n.state == "up"
-
     def _host(self, nid: str) -> str:
         n = self.head.tree.get(nid)
         return n.hostname if n is not None else nid
-
-    def _name(self, nid: str) -> str:
-        n = self.head.tree.get(nid)
-        return n.name if n is not None else nid
 
     def stat(self) -> Dict[str, Any]:
         return {"transfers_queued": len(self.queue), "bytes_pushed": self.moved["push"],
