@@ -101,6 +101,16 @@ def temps_left(bed, rel_dir: str) -> list:
             if ".gxp-bcast-" in n]
 
 
+def wait_until_receiving(bed, host: str, rel_dir: str) -> None:
+    """Until `host` has its hidden temporary of a broadcast in `rel_dir` (the
+    copy is under way there); fails if none appears within a minute."""
+    temp = os.path.join(scratch_of(bed, host), rel_dir)
+    deadline = time.monotonic() + 60
+    while not any(".gxp-bcast-" in n for n in os.listdir(temp)):
+        assert time.monotonic() < deadline, "%s never started receiving" % host
+        time.sleep(0.01)
+
+
 def setup_dirs(bed, user: str, name: str) -> str:
     import pwd
     pw = pwd.getpwnam(user)
@@ -174,10 +184,7 @@ def test_source_killed_midway_with_a_replica_still_completes(bed, make_gxp):
     want = hashlib.sha256(data).hexdigest()
     p = g.popen("bcast", "-v", "--hosts", "tc*", "tc[[01-02]]:%s/src" % dest_dir, dest_dir + "/copy")
     # Kill the primary source once the copies are under way.
-    temp = os.path.join(scratch_of(bed, "tc05"), "b2")
-    deadline = time.monotonic() + 60
-    while not any(".gxp-bcast-" in n for n in os.listdir(temp)) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until_receiving(bed, "tc05", "b2")
     time.sleep(0.7)
     os.kill(pids["tc01"], signal.SIGKILL)
     out, err = p.communicate(timeout=300)
@@ -201,10 +208,7 @@ def test_middle_node_killed_the_others_complete(bed, make_gxp):
     src = "/tmp/bcsrc-%s" % g.new_tag()
     want = make_file(src, 32 * MIB, user)
     p = g.popen("bcast", "--hosts", "tc*", src, dest_dir + "/copy")
-    temp = os.path.join(scratch_of(bed, "tc02"), "b3")
-    deadline = time.monotonic() + 60
-    while not any(".gxp-bcast-" in n for n in os.listdir(temp)) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until_receiving(bed, "tc02", "b3")
     time.sleep(0.7)
     os.kill(pids["tc02"], signal.SIGKILL)
     out, err = p.communicate(timeout=300)
