@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import stat
 import statistics
 import subprocess
 import sys
@@ -139,7 +138,7 @@ class Bench:
         self.bed: "testbed.TestBed | None" = None
         self.user = None
         self.session = None          # the session currently open (a dir), if any
-        self.fuse_mode = None        # /dev/fuse mode to restore
+        self.fuse_token = None       # this run's hold on /dev/fuse 0666
         self.mount_tag = None        # head mounts containing this are unmounted on clean-up
         self.made_dirs: list = []    # removed on clean-up, after the teardown
         self.samples: dict = {}      # key -> [values]
@@ -232,8 +231,7 @@ class Bench:
 
     def open_fuse(self) -> None:
         """/dev/fuse 0666 for the run, as on real systems (users may mount); restored on clean-up."""
-        self.fuse_mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
-        os.chmod("/dev/fuse", 0o666)
+        self.fuse_token = testbed.open_fuse_to_users()   # shared with concurrent runs
 
     def bed_up(self, names, user_prefix: str, **up_args) -> float:
         """The bed's hosts up (checkout and venv hidden) and a new user; returns the seconds."""
@@ -277,8 +275,8 @@ class Bench:
             self.bed.teardown()   # kills every process of the user and removes it
         for d in self.made_dirs:
             shutil.rmtree(d, ignore_errors=True)
-        if self.fuse_mode is not None:
-            os.chmod("/dev/fuse", self.fuse_mode)
+        if self.fuse_token is not None:
+            testbed.close_fuse_to_users(self.fuse_token)
 
     # -- to fill in ----------------------------------------------------------------
     def setup(self) -> None:

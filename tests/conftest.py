@@ -211,10 +211,7 @@ def module_bed(hosts, user_prefix: str, fuse: bool = False, **up_options):
     missing = testbed.requirements_missing()
     if missing:
         pytest.skip(missing)
-    import stat
-    old_mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode) if fuse else None
-    if fuse:
-        os.chmod("/dev/fuse", 0o666)
+    fuse_token = testbed.open_fuse_to_users() if fuse else None
     b = testbed.TestBed()
     try:
         b.up(hosts, hide_paths=[REPO, venv_dir()], **up_options)
@@ -222,8 +219,8 @@ def module_bed(hosts, user_prefix: str, fuse: bool = False, **up_options):
         yield b
     finally:
         b.teardown()
-        if old_mode is not None:
-            os.chmod("/dev/fuse", old_mode)
+        if fuse_token is not None:
+            testbed.close_fuse_to_users(fuse_token)
 
 
 @contextlib.contextmanager

@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+import testbed
+
 
 def test_explore_e_stat_quit(gxp):
     r = gxp.ok("explore", "--local", "4")
@@ -235,13 +237,8 @@ def fuse_for_users(user_bed):
     """/dev/fuse open to ordinary users, as on real systems (0600 on this machine)."""
     if user_bed is None:
         pytest.skip("needs root to open /dev/fuse to an ordinary user")
-    import stat as st
-    old = st.S_IMODE(os.stat("/dev/fuse").st_mode)
-    os.chmod("/dev/fuse", 0o666)
-    try:
+    with testbed.fuse_open_to_users():
         yield
-    finally:
-        os.chmod("/dev/fuse", old)
 
 
 def test_gmount_with_local_agents_mounts_once_per_host(gxp, fuse_for_users):

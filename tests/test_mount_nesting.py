@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-import stat
 import subprocess
 import sys
 
@@ -21,6 +20,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_sshfsm import (Env, _skip_reason, mounted, mounts,  # noqa: E402
                          sshfsm_pids)
+import testbed  # noqa: E402
 
 HOST = socket.gethostname()
 
@@ -128,8 +128,7 @@ def env(user_bed):
         pytest.skip(why)
     if user_bed is None:
         pytest.skip("needs root")
-    old_mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
-    os.chmod("/dev/fuse", 0o666)
+    fuse_token = testbed.open_fuse_to_users()
     e = Env(user_bed, next(iter(user_bed.users)))
     try:
         yield e
@@ -137,7 +136,7 @@ def env(user_bed):
         for mp, t, _ in mounts():
             if t == "fuse.sshfsm" and mp.startswith(e.home + "/"):
                 subprocess.run(["umount", "-l", mp], capture_output=True)
-        os.chmod("/dev/fuse", old_mode)
+        testbed.close_fuse_to_users(fuse_token)
 
 
 def test_sshfsm_publishes_its_branches_and_refuses_cascades_around_its_mountpoint(env):

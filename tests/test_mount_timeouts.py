@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import stat
 import subprocess
 import sys
 import time
@@ -32,8 +31,7 @@ def env():
     why = _skip_reason()
     if why:
         pytest.skip(why)
-    old_mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
-    os.chmod("/dev/fuse", 0o666)
+    fuse_token = testbed.open_fuse_to_users()   # as on real systems: users may mount
     bed = testbed.TestBed()
     try:
         bed.up(["tt01", "tt02", "tt03"], hide_paths=[REPO, VENV])
@@ -46,7 +44,7 @@ def env():
                     subprocess.run(["umount", "-l", mp], capture_output=True)
         finally:
             bed.teardown()
-            os.chmod("/dev/fuse", old_mode)
+            testbed.close_fuse_to_users(fuse_token)
 
 
 def timed(env, argv, limit):

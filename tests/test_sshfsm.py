@@ -344,8 +344,7 @@ def env():
     why = _skip_reason()
     if why:
         pytest.skip(why)
-    old_mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
-    os.chmod("/dev/fuse", 0o666)   # as on real systems: users may mount
+    fuse_token = testbed.open_fuse_to_users()   # as on real systems: users may mount
     bed = testbed.TestBed()
     try:
         bed.up(["tb01", "tb02", "tb03"], hide_paths=[REPO, VENV])
@@ -359,7 +358,7 @@ def env():
                     subprocess.run(["umount", "-l", mp], capture_output=True)
         finally:
             bed.teardown()
-            os.chmod("/dev/fuse", old_mode)
+            testbed.close_fuse_to_users(fuse_token)
 
 
 # --------------------------------------------------------------------------

@@ -340,3 +340,32 @@ def test_cli_up_down():
                            timeout=60)
     assert r.returncode == 0, r.stderr
     _assert_gone(b.tag, d, [user])
+
+
+def test_fuse_device_mode_is_restored_by_the_last_of_overlapping_runs(tmp_path, monkeypatch):
+    """Two runs open /dev/fuse to users and overlap: the first to finish
+    must not put 0600 back under the second, and the last one restores the
+    mode the first found (each restoring its own saved mode left 0666)."""
+    dev, holders = tmp_path / "fuse", tmp_path / "holders"
+    dev.write_text("")
+    os.chmod(dev, 0o600)
+    monkeypatch.setattr(testbed, "FUSE_DEVICE", str(dev))
+    monkeypatch.setattr(testbed, "FUSE_HOLDERS", str(holders))
+    mode = lambda: os.stat(dev).st_mode & 0o7777  # noqa: E731
+    a = testbed.open_fuse_to_users()
+    b = testbed.open_fuse_to_users()
+    assert mode() == 0o666
+    assert not testbed.close_fuse_to_users(a)
+    assert mode() == 0o666                      # b still runs
+    assert testbed.close_fuse_to_users(b)
+    assert mode() == 0o600 and not holders.exists()
+    # a run that died holding it: the next clean-up (sweep) restores the mode
+    testbed.open_fuse_to_users()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for name in os.listdir(holders):
+        if name != "mode":
+            os.rename(holders / name, holders / ("%d-dead" % dead.pid))
+    assert mode() == 0o666
+    assert testbed.close_fuse_to_users(None)
+    assert mode() == 0o600 and not holders.exists()
