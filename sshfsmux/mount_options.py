@@ -57,7 +57,8 @@ options:
                              (default $XDG_CACHE_HOME, else /tmp)
         cache_size=SIZE      bytes of replicas it keeps (512M, 4G; 1M at
                              least; default half the free space there); the
-                             least recently used go first, never one open
+                             least recently used go first, never one
+                             open for reading
         transport=ssh        SFTP over ssh (default); transport=direct is for
                              gxpc mount
         debug                same as -d

@@ -26,7 +26,7 @@ recipe's inputs on its node, pin()/unpin()) nor one open for reading in this
 process (its space would not come back before it is closed anyway). A copy
 the head planned (adopt) that still does not fit fails with ENOSPC naming the
 store, and is removed; a replica read through the mount is written anyway (it
-is being read) and the store shrinks back as others are closed or unpinned.
+is being read) and the store shrinks back at the next replica made or unpin.
 
 Standard library only, Python 3.8 syntax (runs on nodes).
 """
