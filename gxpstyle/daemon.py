@@ -328,8 +328,9 @@ class Head(Node):
             left[0] -= 1
             if left[0] == 0:
                 done()
-        if not self.services:
+        if not self.services or not paths:
             done()
+            return
         for svc in list(self.services):
             try:
                 svc.pin_replicas(node, paths, pin, one)

@@ -371,6 +371,9 @@ class GMountService(Service):
         """Pin (or unpin) in the replica store of `node`'s host the copies of
         `paths` under a mount (a running recipe's inputs): done() once every
         store concerned answered (or none was)."""
+        if not self.mounts:
+            done()
+            return
         by_sid: Dict[str, List[str]] = {}
         for path in paths:
             found = self._service_on(node, path)
