@@ -21,14 +21,26 @@ targets (removed between cases), and each copy's SHA-256 is checked:
              carries the file N times),
   push tree  whole-file pushes with scp, holders doubling each round (round r:
              every holder pushes to one new target; ceil(log2(N+1)) rounds),
+  ssh fanout the anchor for bcast, the transport alone: from the head's
+             machine (where bcast's relay runs) `ssh TARGET 'cat > FILE' < FILE`
+             for every target at once: the same bytes over the same ssh/sshd
+             pairs and 100 Mbit links as bcast's chunks, with no agent,
+             framing, hashing or coupling between targets. What it costs here
+             (seconds, CPU-seconds per MB delivered, by process kind) is what
+             any design moving the file from the head over ssh pays on this
+             machine,
   bcast      `gxpc bcast --hosts TARGETS tb00:FILE FILE` in a session that has
              explored tb00 and the targets (the explored tree is flat: every
              host is a child of the head, so the chunks go tb00 -> head -> every
              target, each link carrying the file once; the head's own link, the
              machine's bridge, is not shaped).
 
+With --fanout F, bcast is run again for every N in a second session explored
+with rules head -> tb* and tb* -> tb* and --fanout F: a deeper tree where no
+node feeds more than F children (what a tree inside one site would do).
+
 Medians of --reps runs (default 2) for N = 8; for larger N (--hosts, default
-8,16,32) S/B, push tree and bcast once each, and all-pull only when --all-pull-big
+8,16,32) S/B, push tree, ssh fanout and bcast once each, and all-pull only when --all-pull-big
 is given (it takes N times S/B). Reports seconds, ratios to S/B and to all-pull,
 the machine's CPU while each case ran (CPU-seconds per MB delivered), and the
 goals of issue 16: bcast within 1.3x S/B and at least 4x faster than all-pull.
@@ -42,13 +54,14 @@ benchmarks/bench_harness.py.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import math
 import os
 import sys
 import time
 
-from bench_harness import (Bench, BenchError, log, main_driver, ratio_text)
+from bench_harness import (Bench, BenchError, log, main_driver, proc_cmdline, proc_cpu, ratio_text,
+                           user_pids)
+from testbed import sha256_of
 
 BW = "100mbit"
 MiB = 1 << 20
@@ -56,12 +69,63 @@ GOAL_SB = 1.3
 GOAL_PULL = 4.0
 
 
-def sha_of(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+KINDS = ("ssh", "sshd", "head", "agents", "other")
+
+
+def kind_of(cmdline: str) -> str:
+    """Which part of the transport a process of the bed's user is."""
+    exe = os.path.basename(cmdline.split(" ", 1)[0])
+    if exe.startswith("sshd") or cmdline.startswith("sshd"):
+        return "sshd"
+    if exe == "ssh":
+        return "ssh"
+    if "gxpstyle.daemon" in cmdline:
+        return "head"
+    if exe.startswith("python"):
+        return "agents"
+    return "other"
+
+
+class CpuSampler:
+    """CPU-seconds of one user's processes by kind (kind_of) while a case runs:
+    every process is read every PERIOD s and its last reading counts, so the
+    short-lived ones (ssh, cat, sshd sessions) are counted too, up to their
+    last PERIOD."""
+    PERIOD = 0.2
+
+    def __init__(self, uid: int) -> None:
+        import threading
+        self.uid = uid
+        self.first: dict = {}
+        self.last: dict = {}
+        self.kind: dict = {}
+        self.stop_ev = threading.Event()
+        self.sample(initial=True)
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def sample(self, initial: bool = False) -> None:
+        for pid in user_pids(self.uid):
+            c = proc_cpu(pid)
+            if c is None:
+                continue
+            if pid not in self.kind:
+                self.kind[pid] = kind_of(proc_cmdline(pid))
+                self.first[pid] = c if initial else 0.0
+            self.last[pid] = c
+
+    def loop(self) -> None:
+        while not self.stop_ev.wait(self.PERIOD):
+            self.sample()
+
+    def stop(self) -> dict:
+        self.stop_ev.set()
+        self.thread.join()
+        self.sample()
+        out = dict.fromkeys(KINDS, 0.0)
+        for pid, k in self.kind.items():
+            out[k] += self.last[pid] - self.first[pid]
+        return out
 
 
 class TransfersBench(Bench):
@@ -102,7 +166,7 @@ class TransfersBench(Bench):
 
     def verify(self, hosts: list, case: str) -> None:
         bad = [h for h in hosts if not os.path.exists(os.path.join(self.scratch(h), self.rel))
-               or sha_of(os.path.join(self.scratch(h), self.rel)) != self.want]
+               or sha256_of(os.path.join(self.scratch(h), self.rel)) != self.want]
         if bad:
             raise BenchError("%s: wrong or missing copy on %s" % (case, ", ".join(bad)))
         self.clear(hosts)
@@ -110,7 +174,13 @@ class TransfersBench(Bench):
     def case(self, key: str, hosts: list, fn, *args) -> float:
         self.clear(hosts)
         os.sync()
-        dt = self.timed(key, lambda: fn(*args))
+        sampler = CpuSampler(self.user.uid)
+        try:
+            dt = self.timed(key, lambda: fn(*args))
+        finally:
+            by_kind = sampler.stop()
+        for k, v in by_kind.items():
+            self.add("%s cpu %s" % (key, k), v)
         self.add(key, dt)
         self.verify(hosts, key)
         log("  %-22s %6.2f s" % (key, dt))
@@ -133,6 +203,29 @@ class TransfersBench(Bench):
             holders += [b for _, b in pairs]
         return time.monotonic() - t0
 
+    def ssh_fanout(self, hosts: list) -> float:
+        """The transport alone: from here (the head's machine, where bcast's
+        relay runs) one `ssh TARGET 'cat > FILE' < FILE` per target, all at
+        once, each reading its own descriptor of the file: the bytes bcast
+        sends over the same ssh/sshd pairs and 100 Mbit links, with no agent,
+        framing, hashing or coupling between targets (a lower bound for any
+        design that moves the file from here over ssh)."""
+        import subprocess
+        t0 = time.monotonic()
+        src = os.path.join(self.scratch("tb00"), self.rel)
+        procs = []
+        try:
+            for h in hosts:
+                with open(src, "rb") as f:
+                    procs.append((h, self.bed.popen_as(self.user.name, ["ssh", h, "cat > %s" % self.path()],
+                                                       env=self.env(), stdin=f,
+                                                       stderr=subprocess.PIPE)))
+        finally:
+            bad = [h for h, p in procs if p.wait(timeout=self.call_timeout) != 0]
+        if bad:
+            raise BenchError("ssh fan-out: ssh failed on %s" % ", ".join(bad))
+        return time.monotonic() - t0
+
     def bcast(self, hosts: list) -> float:
         pat = "tb[[01-%02d]]" % len(hosts)
         dt, r = self.gxpc("bcast", "--hosts", pat, "tb00:" + self.path(), self.path())
@@ -149,7 +242,7 @@ class TransfersBench(Bench):
             for _ in range(self.opts.size):
                 f.write(os.urandom(MiB))
         os.chown(src, self.user.uid, self.user.gid)
-        self.want = sha_of(src)
+        self.want = sha256_of(src)
         self.session = "/tmp/gxpx-%s/session" % os.urandom(4).hex()
         self.made_dirs.append(os.path.dirname(self.session))
         self.gxpc("use", "ssh", "head", "tb*")
@@ -167,8 +260,29 @@ class TransfersBench(Bench):
                     self.case("S/B", ["tb01"], self.single)
                 if not big or self.opts.all_pull_big:
                     self.case("all-pull %d" % n, hosts, self.all_pull, hosts)
-                self.case("push tree %d" % n, hosts, self.push_tree, hosts)
+                if not self.opts.no_push_tree:
+                    self.case("push tree %d" % n, hosts, self.push_tree, hosts)
+                self.case("ssh fanout %d" % n, hosts, self.ssh_fanout, hosts)
                 self.case("bcast %d" % n, hosts, self.bcast, hosts)
+        if self.opts.fanout:
+            log("a deeper tree: --fanout %d" % self.opts.fanout)
+            self.deep_tree()
+
+    def deep_tree(self) -> None:
+        """bcast again in a session explored with --fanout F (rules head -> tb*
+        and tb* -> tb*): a deeper tree, each node feeding at most F children,
+        as a doubling tree inside one site would; the same N as the flat runs."""
+        f = self.opts.fanout
+        self.guarded("quit", self.quit_session)
+        self.session = "/tmp/gxpx-%s/session" % os.urandom(4).hex()
+        self.made_dirs.append(os.path.dirname(self.session))
+        self.gxpc("use", "ssh", "head", "tb*")
+        self.gxpc("use", "ssh", "tb*", "tb*")
+        dt, _ = self.gxpc("explore", "--fanout", str(f), "tb[[00-%02d]]" % len(self.targets))
+        log("  explored %d hosts with --fanout %d in %.1f s" % (len(self.targets) + 1, f, dt))
+        for n in self.counts:
+            hosts = self.targets[:n]
+            self.case("bcast fanout%d %d" % (f, n), hosts, self.bcast, hosts)
 
     def release(self) -> None:
         if self.session is not None:
@@ -183,7 +297,7 @@ class TransfersBench(Bench):
         print("%-16s %9s %9s %9s %12s %12s" % ("case", "seconds", "x S/B", "MB/s/host",
                                                "machine busy", "CPU s/MB"))
         for key in sorted(self.samples, key=lambda k: (int(k.split()[-1]) if k[-1].isdigit() else 0, k)):
-            if key.endswith(" busy") or key.endswith(" cpu s"):
+            if key.endswith(" busy") or " cpu " in key:
                 continue
             v = self.med(key)
             n = int(key.split()[-1]) if key[-1].isdigit() else 1
@@ -191,6 +305,16 @@ class TransfersBench(Bench):
             print("%-16s %9.2f %9s %9.1f %11.0f%% %12.4f" % (
                 key, v, ratio_text(sb, v) if sb else "-", mb / v,
                 100 * (self.med(key + " busy") or 0), (cpu or 0) / (mb * n)))
+        print()
+        print("CPU-seconds per MB delivered, of the bed user's processes only (other work on "
+              "the machine left out)")
+        print("%-16s" % "case" + "".join("%9s" % k for k in KINDS) + "%9s" % "total")
+        for key in sorted(self.samples, key=lambda k: (int(k.split()[-1]) if k[-1].isdigit() else 0, k)):
+            if " busy" in key or " cpu " in key or self.med(key + " cpu ssh") is None:
+                continue
+            n = int(key.split()[-1]) if key[-1].isdigit() else 1
+            per = [(self.med("%s cpu %s" % (key, k)) or 0) / (mb * n) for k in KINDS]
+            print("%-16s" % key + "".join("%9.4f" % v for v in per) + "%9.4f" % sum(per))
         print()
         for n in self.counts:
             b, p = self.med("bcast %d" % n), self.med("all-pull %d" % n)
@@ -201,6 +325,14 @@ class TransfersBench(Bench):
             if p is not None:
                 line += "; all-pull / bcast = %.1fx (goal >= %.0f: %s)" % (
                     p / b, GOAL_PULL, "met" if p / b >= GOAL_PULL else "NOT met")
+            a = self.med("ssh fanout %d" % n)
+            if a is not None:
+                line += "; ssh fan-out (the transport alone) %.2fx S/B, bcast / ssh fan-out = %.2fx" % (
+                    a / sb, b / a)
+            d = self.med("bcast fanout%d %d" % (self.opts.fanout, n))
+            if d is not None:
+                line += "; bcast with --fanout %d %.2fx S/B (%.2fx the flat tree)" % (
+                    self.opts.fanout, d / sb, d / b)
             t = self.med("push tree %d" % n)
             if t is not None:
                 line += "; push tree / bcast = %.1fx (%d rounds)" % (t / b, math.ceil(math.log2(n + 1)))
@@ -216,6 +348,9 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=2, help="runs of each case for N = 8 (default 2)")
     p.add_argument("--hosts", default="8,16,32", help="target counts (default 8,16,32)")
     p.add_argument("--all-pull-big", action="store_true", help="all-pull for N > 8 too")
+    p.add_argument("--no-push-tree", action="store_true", help="leave out the scp push tree")
+    p.add_argument("--fanout", type=int, default=0,
+                   help="then bcast again in a tree explored with --fanout F (e.g. 2)")
     p.add_argument("--quick", action="store_true", help="32 MiB, N = 8, one run")
     p.add_argument("--workflows", action="store_true",
                    help="Confuga's workflows with gxpc make instead (transfer_workflows.py)")

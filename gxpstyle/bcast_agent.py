@@ -4,7 +4,8 @@ checked, written and renamed, and both fed on to the children the head names.
 The head (bcast_service.py) decides who feeds whom; a node keeps a store and
 feeds from it. A source's store is its file; a receiver's is a temporary file
 beside DEST (a relay's: in the session directory) that becomes DEST, by one
-rename, once every chunk is in and the whole file's SHA-256 is the source's.
+rename, once every chunk is in and the SHA-256 of the chunks' SHA-256s is the
+source's (each chunk checked on arrival; the file is hashed once, not twice).
 Each child is fed from the store at its own pace with at most WINDOW chunks
 unacknowledged: a slow child holds up only itself, and no process holds more
 than WINDOW chunks per child. Chunks come in order, each with the source's
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional
 
 WINDOW = 8
+KEEP = 2 * WINDOW           # chunks kept in memory to feed several children from one read
 REPORT_EVERY = 0.25
 
 
@@ -70,6 +72,7 @@ class Transfer:
         self.hashes: List[bytes] = []
         self.hasher = hashlib.sha256()
         self.sha = ""
+        self.chunks_sha = ""
         self.mode = 0o644
         self.done = False
         self.error = ""
@@ -78,6 +81,7 @@ class Transfer:
         self.reported = 0.0
         self.bad_from: Any = set()
         self.self_pending = False
+        self.recent: Dict[int, bytes] = {}      # chunk -> data, for feeding several children
 
     def chunk_len(self, i: int) -> int:
         return min(self.chunk, self.size - i * self.chunk)
@@ -104,16 +108,17 @@ class Transfer:
                     hashes.append(hashlib.sha256(data).digest())
                     size += len(data)
                 mode = os.fstat(fd).st_mode & 0o7777
-                res = (fd, size, mode, whole.hexdigest(), hashes, "")
+                res = (fd, size, mode, whole.hexdigest(), hashes, "",
+                       hashlib.sha256(b"".join(hashes)).hexdigest())
             except OSError as e:
                 if fd is not None:
                     os.close(fd)
-                res = (None, 0, 0, "", [], os_reason(e, path))
+                res = (None, 0, 0, "", [], os_reason(e, path), "")
             self.node.loop.call_soon_threadsafe(lambda: self.opened(path, chunk, *res))
         threading.Thread(target=work, daemon=True).start()
 
     def opened(self, path: str, chunk: int, fd: Optional[int], size: int, mode: int, sha: str,
-               hashes: List[bytes], error: str) -> None:
+               hashes: List[bytes], error: str, chunks_sha: str) -> None:
         if self.closed:
             if fd is not None:
                 os.close(fd)
@@ -122,11 +127,13 @@ class Transfer:
             self.src_fd, self.src_path, self.src_hashes = fd, path, hashes
             self.chunk, self.size, self.n = chunk, size, len(hashes)
         self.node.send(wire.HEAD, {"op": "bc_opened", "bc": self.bc, "ok": fd is not None,
-                                   "error": error, "size": size, "mode": mode, "sha256": sha})
+                                   "error": error, "size": size, "mode": mode, "sha256": sha,
+                                   "chunks_sha256": chunks_sha})
 
     # -- a receiver --------------------------------------------------------------
     def bc_plan(self, msg: Dict[str, Any]) -> None:
         self.size, self.mode, self.sha, self.chunk = msg["size"], msg["mode"], msg["sha256"], msg["chunk"]
+        self.chunks_sha = msg.get("chunks_sha256") or ""
         self.n = -(-self.size // self.chunk)
         dest = msg["dest"]
         try:
@@ -179,8 +186,11 @@ class Transfer:
             self.fail(os_reason(e, self.where))
             return
         self.have += 1
-        self.hasher.update(data)
+        if not self.chunks_sha:         # a head that sends no hash of the hashes
+            self.hasher.update(data)
         self.hashes.append(msg["sha256"])
+        if len(self.feeds) > 1:         # its children read it from here, not the file
+            self.keep(i, data)
         if self.have == self.n:
             self.finish()
         else:
@@ -189,7 +199,13 @@ class Transfer:
             self.pump(child)
 
     def finish(self) -> None:
-        if self.hasher.hexdigest() != self.sha:
+        # Every chunk matched the SHA-256 sent with it; these, in order, must
+        # be the source's (hashing the hashes, not the file a second time).
+        if self.chunks_sha:
+            good = hashlib.sha256(b"".join(self.hashes)).hexdigest() == self.chunks_sha
+        else:
+            good = self.hasher.hexdigest() == self.sha
+        if not good:
             self.fail("the copy's SHA-256 differs from the source's")
             return
         if self.dest:
@@ -233,6 +249,13 @@ class Transfer:
             f[1] = max(0, f[1] - 1)
             self.pump(src)
 
+    def keep(self, i: int, data: bytes) -> None:
+        """Children fed at about the same pace ask for the same chunks: the
+        last few are kept, so N children cost one read (at most KEEP chunks)."""
+        self.recent[i] = data
+        while len(self.recent) > KEEP:
+            del self.recent[min(self.recent)]
+
     def pump(self, child: str, now: bool = False) -> None:
         f = self.feeds.get(child)
         if f is None or self.closed:
@@ -253,7 +276,11 @@ class Transfer:
         while f[1] < WINDOW and f[0] < limit:
             i = f[0]
             try:
-                data = pread_full(fd, self.chunk_len(i), i * self.chunk)
+                data = self.recent.get(i)
+                if data is None:
+                    data = pread_full(fd, self.chunk_len(i), i * self.chunk)
+                    if len(self.feeds) > 1:
+                        self.keep(i, data)
             except OSError as e:
                 self.node.log("bcast %d: feeding %s stopped: %s" % (self.bc, child, os_reason(e)))
                 self.feeds.pop(child, None)

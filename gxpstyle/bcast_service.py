@@ -78,6 +78,7 @@ class Transfer:
     on_done: Callable[["Transfer"], None]
     on_progress: Optional[Callable[["Transfer"], None]] = None
     client: str = ""           # the client that asked, if any (its leaving stops the transfer)
+    chunks_sha: str = ""       # SHA-256 of the chunks' SHA-256s (receivers check it)
     dests: Dict[str, str] = field(default_factory=dict)   # target -> its own dest, if not `dest`
     members: Dict[str, Member] = field(default_factory=dict)
     opened: Dict[str, Dict[str, Any]] = field(default_factory=dict)
@@ -175,7 +176,7 @@ class BcastService(Service):
             if m.id not in t.members:
                 t.members[m.id] = m
                 self.head.send(m.id, {"op": "bc_plan", "bc": t.id, "size": t.size, "mode": t.mode,
-                                      "sha256": t.sha, "chunk": CHUNK,
+                                      "sha256": t.sha, "chunks_sha256": t.chunks_sha, "chunk": CHUNK,
                                       "dest": t.dests[m.id] if m.target else "", "name": name})
         for m in reversed(chain):
             self._feed(t, m, m.feeder or "")
@@ -199,6 +200,7 @@ class BcastService(Service):
             return
         first = t.opened[good[0]]
         t.size, t.mode, t.sha = first["size"], first["mode"], first["sha256"]
+        t.chunks_sha = str(first.get("chunks_sha256") or "")
         t.n = -(-t.size // CHUNK)
         replicas = [s for s in good if t.opened[s]["sha256"] == t.sha]
         for s in good:
@@ -228,7 +230,7 @@ class BcastService(Service):
         for m in t.members.values():
             if m.target or m.relay:
                 self.head.send(m.id, {"op": "bc_plan", "bc": t.id, "size": t.size, "mode": t.mode,
-                                      "sha256": t.sha, "chunk": CHUNK,
+                                      "sha256": t.sha, "chunks_sha256": t.chunks_sha, "chunk": CHUNK,
                                       "dest": t.dests.get(m.id, t.dest) if m.target else "",
                                       "name": name})
         for m in list(t.members.values()):

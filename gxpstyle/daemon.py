@@ -318,6 +318,26 @@ class Head(Node):
                 return
         done(False, "no service keeps copies of %s" % path, "")
 
+    def pin_replicas(self, node: str, paths: List[str], pin: bool,
+                     done: Callable[[], None]) -> None:
+        """Every service keeping copies pins (unpins) `paths` on `node`'s host
+        (Service.pin_replicas); done() once all of them did."""
+        left = [len(self.services)]
+
+        def one() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                done()
+        if not self.services or not paths:
+            done()
+            return
+        for svc in list(self.services):
+            try:
+                svc.pin_replicas(node, paths, pin, one)
+            except Exception:
+                services.log_exception(self, "%s.pin_replicas" % svc.name)
+                one()
+
     # -- the tree --------------------------------------------------------------
     def new_req(self) -> int:
         self.req_seq += 1

@@ -30,7 +30,12 @@ RANGES: "Dict[str, Tuple[Number, Number, str]]" = {
     "pull_threshold": (0, 1 << 62, "bytes, or inf"),
     # Transfers one node receives at once (gxpc make).
     "transfer_slots": (1, 64, "transfers at once"),
+    # Bytes of replicas one mount's store keeps on a node (-o cache_size=):
+    # under 1 MiB no transfer fits; 1 EiB stands for "no bound".
+    "cache_size": (1 << 20, 1 << 60, "bytes"),
 }
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 
 
 class RangeError(ValueError):
@@ -57,3 +62,33 @@ def _fmt(x: "Number") -> str:
     if isinstance(x, float) and x.is_integer():   # False for inf and nan
         return str(int(x))
     return str(x)
+
+
+def parse_size(text: str, name: str, what: str = "") -> int:
+    """A size a user wrote (4096, 512K, 512M, 4G, 1.5G, 4GiB, 4GB: binary units)
+    checked against RANGES[name]; RangeError in the user's words otherwise."""
+    label = what or name
+    t = text.strip().upper()
+    for suffix in ("IB", "B"):
+        if t.endswith(suffix) and t[:-len(suffix)][-1:].isalpha():
+            t = t[:-len(suffix)]
+            break
+    unit = t[-1:] if t[-1:] and t[-1:] in _UNITS else ""
+    try:
+        n = float(t[:-1] if unit else t) * _UNITS[unit]
+    except ValueError:
+        n = float("nan")
+    if n != n or n in (float("inf"), float("-inf")):
+        raise RangeError("%s must be a size such as 512M or 4G, got %r" % (label, text))
+    lo, hi, _ = RANGES[name]
+    if not lo <= n <= hi:
+        raise RangeError("%s must be from %s to %s, got %r" % (label, _size(lo), _size(hi), text))
+    return int(n)
+
+
+def _size(n: "Number") -> str:
+    """1M, 1024P: the largest binary unit that divides n."""
+    for unit in ("P", "T", "G", "M", "K"):
+        if n >= _UNITS[unit] and n % _UNITS[unit] == 0:
+            return "%d%s" % (n // _UNITS[unit], unit)
+    return str(n)

@@ -97,6 +97,13 @@ class Service:
         exactly once, `holder` being the node id the catalog records."""
         return False
 
+    def pin_replicas(self, node: str, paths: List[str], pin: bool,
+                     done: Callable[[], None]) -> None:
+        """A recipe about to run on `node` needs `paths` (pin True) or has
+        ended (False): the copies this service keeps of them on that host must
+        not be evicted meanwhile. done() exactly once, when the pins hold."""
+        done()
+
 
 def node_is_up(tree: Dict[str, Any], nid: str) -> bool:
     """Node `nid` of the head's tree is explored and up."""

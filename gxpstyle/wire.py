@@ -172,11 +172,14 @@ SCHEMA: Dict[str, Rec] = {
     # chunks go feeder -> child with the source's SHA-256 of each, acked one by one
     "bc_open": Rec({"bc": _JOB, "path": Str(4096, empty=False), "chunk": Int(1 << 12, 1 << 21)},
                    open=True),
+    # chunks_sha256: the SHA-256 of the chunks' SHA-256s in order, which a
+    # receiver checks instead of hashing the whole file a second time
     "bc_opened": Rec({"bc": _JOB, "ok": Bool(), "error": _TEXT, "size": Int(0, 1 << 62),
-                      "mode": Int(0, 0o7777), "sha256": Str(64)}, open=True),
+                      "mode": Int(0, 0o7777), "sha256": Str(64)}, {"chunks_sha256": Str(64)},
+                     open=True),
     "bc_plan": Rec({"bc": _JOB, "size": Int(0, 1 << 62), "mode": Int(0, 0o7777),
                     "sha256": Str(64), "chunk": Int(1 << 12, 1 << 21), "dest": Str(4096),
-                    "name": Str(4096)}, open=True),
+                    "name": Str(4096)}, {"chunks_sha256": Str(64)}, open=True),
     "bc_feed": Rec({"bc": _JOB, "child": _ID, "start": Int(0, 1 << 40)},
                    {"corrupt": Int(-1, 1 << 40)}, open=True),
     "bc_drop": Rec({"bc": _JOB, "child": _ID}, open=True),

@@ -218,6 +218,7 @@ class MakeService(Service):
     # -- write-on-exit ---------------------------------------------------------------
     def job_done(self, client: str, job: int, node: str, status: int, error: str) -> None:
         key = (client, job)
+        self.transfers.release(key)
         ran = self.scheduler.finished(key)
         if ran is not None and status == 0:
             self.placement.observe(ran)      # the SOFT delay follows run times

@@ -94,6 +94,7 @@ class TransferPlanner:
         self.feeding: Dict[str, int] = {}              # node -> transfers it is the first source of
         self.pushing: Dict[str, Tuple[Any, Dict[str, Need]]] = {}   # path -> its running push
         self.stages: Dict[Key, Stage] = {}
+        self.pinned: Dict[Key, Tuple[str, List[str]]] = {}   # recipe -> (node, inputs) pinned there
         self.seq = 0
         self._armed = False
         self.moved = {"push": 0, "pull": 0}            # bytes delivered
@@ -122,6 +123,8 @@ class TransferPlanner:
         keys = [k for k in self.stages if k[0] == client]
         for key in keys:
             self.stages.pop(key).cancelled = True
+        for key in [k for k in self.pinned if k[0] == client]:
+            self.release(key)
         return keys
 
     def trace(self, client: str) -> Optional[TraceFile]:
@@ -132,7 +135,7 @@ class TransferPlanner:
     def stage(self, key: Key, node: str, paths: List[str], start: Callable[[], None]) -> None:
         """Copy to `node` the inputs it lacks, then start(); at once if none."""
         o = self.options.get(key[0]) or Options()
-        st = Stage(key, node, 0, start)
+        st = Stage(key, node, 1, start)         # 1: the pin of its inputs, below
         host = self._host(node)
         for p in dict.fromkeys(paths):
             need = self.needs.get((node, p))
@@ -144,11 +147,25 @@ class TransferPlanner:
                 self.queue.append(need)
             need.waiters.append(st)
             st.pending += 1
-        if not st.pending:
-            start()
-            return
         self.stages[key] = st
-        self._arm()
+        if st.pending > 1:
+            self._arm()
+        # Its inputs' replicas on the node stay until it ends (release): the
+        # store evicts others first. It starts once the pin holds.
+        self.pinned[key] = (node, list(dict.fromkeys(paths)))
+        self.head.pin_replicas(node, self.pinned[key][1], True, lambda: self._ready(st))
+
+    def _ready(self, st: Stage) -> None:
+        st.pending -= 1
+        if st.pending == 0 and not st.cancelled:
+            self.stages.pop(st.key, None)
+            st.start()
+
+    def release(self, key: Key) -> None:
+        """The recipe ended (or will never start): its inputs' pins go."""
+        pinned = self.pinned.pop(key, None)
+        if pinned is not None:
+            self.head.pin_replicas(pinned[0], pinned[1], False, lambda: None)
 
     def _need(self, node: str, host: str, path: str, o: Options) -> Optional[Need]:
         reps = self.head.catalog.replicas(path)
@@ -285,10 +302,7 @@ class TransferPlanner:
         if need in self.queue:
             self.queue.remove(need)
         for st in need.waiters:
-            st.pending -= 1
-            if st.pending == 0 and not st.cancelled:
-                self.stages.pop(st.key, None)
-                st.start()
+            self._ready(st)
         if self.queue:
             self._arm()
 

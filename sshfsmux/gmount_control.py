@@ -25,8 +25,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from gxpstyle import wire
-from gxpstyle.schema import Bool, Opt, Rec, Str
+from gxpstyle import limits, wire
+from gxpstyle.schema import Bool, Int, Opt, Rec, Str
 from gxpstyle.services import Service, Verb
 from sshfsmux import mount_nesting
 
@@ -36,7 +36,8 @@ ROLE = "gmount"
 ROLE_MODULE = "sshfsmux.gmount_node"
 
 MOUNT_ARGS = Rec({"export": Str(4096, empty=False), "mountpoint": Str(4096, empty=False)},
-                 {"ro": Bool(), "cipher": Bool(), "allow_other": Bool()})
+                 {"ro": Bool(), "cipher": Bool(), "allow_other": Bool(),
+                  "cache_size": Int(*limits.RANGES["cache_size"][:2])})
 UMOUNT_ARGS = Rec(None, {"mountpoint": Opt(Str(4096, empty=False))})
 
 
@@ -116,7 +117,7 @@ class GMountService(Service):
         self.mounts[mountpoint] = m
         config = {"export": export, "mountpoint": mountpoint,
                   "ro": bool(args.get("ro")), "cipher": bool(args.get("cipher", True)),
-                  "allow_other": bool(args.get("allow_other"))}
+                  "allow_other": bool(args.get("allow_other")), "cache_size": args.get("cache_size")}
         for nid in nodes:
             def up(ok: bool, reason: str, info: Dict[str, Any], child: str, nid: str = nid) -> None:
                 self._service_up(m, nid, ok, reason, info, child)
@@ -364,6 +365,31 @@ class GMountService(Service):
             done(ok, error, nid)
         self.head.call_service(sid, "adopt", {"file": file, "path": rel}, answered)
         return True
+
+    def pin_replicas(self, node: str, paths: List[str], pin: bool,
+                     done: Callable[[], None]) -> None:
+        """Pin (or unpin) in the replica store of `node`'s host the copies of
+        `paths` under a mount (a running recipe's inputs): done() once every
+        store concerned answered (or none was)."""
+        if not self.mounts:
+            done()
+            return
+        by_sid: Dict[str, List[str]] = {}
+        for path in paths:
+            found = self._service_on(node, path)
+            if found is not None:
+                rel = os.path.relpath(os.path.normpath(path), found[0].mountpoint)
+                by_sid.setdefault(found[2], []).append(rel)
+        left = [len(by_sid)]
+
+        def answered(ok: bool, error: str, result: Dict[str, Any]) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                done()
+        if not by_sid:
+            done()
+        for sid, rels in by_sid.items():
+            self.head.call_service(sid, "pin", {"paths": rels, "pin": bool(pin)}, answered)
 
     def _drop_orphans(self, m: Mount, lost: str) -> None:
         """A copy in a replica store is a copy of a file some export holds: once

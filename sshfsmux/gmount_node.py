@@ -167,6 +167,8 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
         raise ValueError("timeout %r: give a number of seconds from 1 to %d"
                          % (timeout, MAX_CALL_SECONDS))
     allow_other = bool(config.get("allow_other"))
+    # bytes of replicas this host's store keeps (-o cache_size=); None: half the free space
+    cache_size = config.get("cache_size")
     if allow_other and os.getuid() != 0 and not fuse_conf_allows_other():
         raise ValueError("allow_other needs 'user_allow_other' in /etc/fuse.conf on %s"
                          % socket.gethostname())
@@ -217,7 +219,7 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
         def work() -> None:
             try:
                 # one replica store for every peer, kept for the session
-                cache = ReplicaCache.persistent(cache_dir)
+                cache = state["cache"] = ReplicaCache.persistent(cache_dir, limit=cache_size)
                 branches: "List[Branch]" = [LocalBranch(export, node=host_name)]
                 for p in args.get("peers", []):
                     host = pick_address(list(p.get("addrs") or []), own)
@@ -324,6 +326,19 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
             in_loop(reply, True, "", {"kept": "store"})
         threading.Thread(target=work, daemon=True).start()
 
+    def pin_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+        """The head pins (or unpins) a recipe's inputs for the recipe's life:
+        their replicas here are not evicted meanwhile (replica_cache.py)."""
+        fs, cache = state["fs"], state.get("cache")
+        if fs is None or cache is None:
+            reply(False, "not mounted", {})
+            return
+        # keyed as DirectBranch.adopt and its reads key them: branch and wire path ("a/b")
+        rels = [str(p).strip("/") for p in args.get("paths") or []]
+        keys = [b._key(r) for r in rels for b in fs.branches if hasattr(b, "_key")]
+        (cache.pin if args.get("pin") else cache.unpin)(keys)
+        reply(True, "", {})
+
     def drop_peers_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
         """Peers the head saw lost: their files leave the merged tree at once
         (make then rebuilds what only they held) instead of failing with EIO
@@ -403,6 +418,6 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
 
     node.role_handlers = {"mount": mount_call, "umount": umount_call, "scan": scan_call,
                           "changed": changed_call, "drop_peers": drop_peers_call,
-                          "changes": changes_call, "adopt": adopt_call}
+                          "changes": changes_call, "adopt": adopt_call, "pin": pin_call}
     node.role_cleanup = cleanup
     return {"port": server.port, "addrs": own, "node": host_name, "store": cache_dir}, runner

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from gxpstyle import limits
 from gxpstyle.verbs import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Arg, Opt, UsageError, Verb, err, write_stream
 
 TYPE_CHECKING = False
@@ -21,11 +22,16 @@ def mount_options(values: List[str]) -> Dict[str, str]:
     for v in values:
         for item in v.split(","):
             k, _, val = item.partition("=")
-            if k not in ("ro", "rw", "cipher", "allow_other"):
-                raise UsageError("mount: unknown option %r (known: ro, rw, cipher=none, allow_other)"
-                                 % k)
+            if k not in ("ro", "rw", "cipher", "allow_other", "cache_size"):
+                raise UsageError("mount: unknown option %r (known: ro, rw, cipher=none, allow_other, "
+                                 "cache_size=SIZE)" % k)
             if k == "cipher" and val != "none":
                 raise UsageError("mount: cipher takes only 'none' (authentication stays on)")
+            if k == "cache_size":
+                try:
+                    val = str(limits.parse_size(val, "cache_size", "mount: cache_size"))
+                except limits.RangeError as e:
+                    raise UsageError(str(e))
             opts[k] = val
     return opts
 
@@ -42,6 +48,8 @@ def cmd_mount(c: Client, a: Any) -> int:
             "ro": "ro" in a.opts, "cipher": a.opts.get("cipher") != "none"}
     if "allow_other" in a.opts:
         args["allow_other"] = True
+    if "cache_size" in a.opts:
+        args["cache_size"] = int(a.opts["cache_size"])
     status, result = c.call("mount", args, on_print=write_stream)
     if status == 2:
         err(result.get("error", "mount failed"))
@@ -87,7 +95,11 @@ MOUNT = Verb(
                  help="ro (read-only, enforced by every export), cipher=none (no TLS on the data "
                       "channel; authentication stays on), allow_other (other users may enter; "
                       "the kernel checks permissions, default_permissions; needs "
-                      "user_allow_other in every node's /etc/fuse.conf unless run as root)")])
+                      "user_allow_other in every node's /etc/fuse.conf unless run as root), "
+                      "cache_size=SIZE (bytes of replicas each node keeps in its session "
+                      "directory's replicas/, e.g. 512M or 4G, 1M at least; default half the "
+                      "free space there; least recently used evicted first, never a running "
+                      "recipe's input nor a file being read)")])
 
 UMOUNT = Verb("umount", "unmount the session's GMount everywhere", cmd_umount,
               args=[Arg("mountpoint", "?", metavar="MOUNTPOINT")])

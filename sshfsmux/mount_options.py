@@ -14,6 +14,7 @@ import errno
 import os
 import re
 
+from gxpstyle.limits import RangeError, parse_size
 from .gmount_node import fuse_conf_allows_other  # noqa: F401  (one reading of fuse.conf for both)
 
 TYPE_CHECKING = False
@@ -54,6 +55,10 @@ options:
         default_permissions  let the kernel check permissions
         cache_dir=DIR        where the per-mount replica cache is made
                              (default $XDG_CACHE_HOME, else /tmp)
+        cache_size=SIZE      bytes of replicas it keeps (512M, 4G; 1M at
+                             least; default half the free space there); the
+                             least recently used go first, never one
+                             open for reading
         transport=ssh        SFTP over ssh (default); transport=direct is for
                              gxpc mount
         debug                same as -d
@@ -100,6 +105,7 @@ class Options:
         self.allow_other = False
         self.default_permissions = False
         self.cache_dir: "Optional[str]" = None
+        self.cache_size: "Optional[int]" = None
         self.transport = "ssh"
         self.foreground = False
         self.debug = False
@@ -140,6 +146,11 @@ def _apply(o: Options, opt: str) -> None:
         if not value:
             raise UsageError("bad value for option 'cache_dir': ''")
         o.cache_dir = value
+    elif k == "cache_size" and eq:
+        try:
+            o.cache_size = parse_size(value, "cache_size")
+        except RangeError as e:
+            raise UsageError(str(e))
     elif k == "transport" and eq:
         if value == "ssh":
             o.transport = "ssh"

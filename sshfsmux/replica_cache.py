@@ -19,8 +19,14 @@ Two kinds of store:
   per-session cache): complete replicas found there are used again, damaged
   ones (length not the one in their name) and stale temporary files removed.
 
-Space: at most `limit` bytes of replicas (default: half the free space where
-the store is); the least recently used go first.
+Space: at most `limit` bytes of replicas (`-o cache_size=`; default: half the
+free space where the store is when it opens). To make room the least recently
+used replica goes first, but never one that is pinned (the head pins a running
+recipe's inputs on its node, pin()/unpin()) nor one open for reading in this
+process (its space would not come back before it is closed anyway). A copy
+the head planned (adopt) that still does not fit fails with ENOSPC naming the
+store, and is removed; a replica read through the mount is written anyway (it
+is being read) and the store shrinks back at the next replica made or unpin.
 
 Standard library only, Python 3.8 syntax (runs on nodes).
 """
@@ -37,7 +43,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Optional, Tuple
+    from typing import Dict, Iterable, Optional, Set, Tuple
 
 TMP_PREFIX = ".tmp-"        # temporary files: TMP_PREFIX...PART_SUFFIX
 PART_SUFFIX = ".part"
@@ -103,6 +109,33 @@ class Download:
         _unlink(self.temp)
 
 
+def human(n: int) -> str:
+    """512.0 MiB."""
+    x = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if x < 1024 or unit == "TiB":
+            return ("%d %s" % (x, unit)) if unit == "B" else ("%.1f %s" % (x, unit))
+        x /= 1024
+    return "%d B" % n
+
+
+def _open_files() -> "Set[str]":
+    """Paths this process has open (Linux: /proc/self/fd). The stores' readers
+    (the branches) open replicas by path and keep the descriptor while a file
+    is read through the mount; evicting such a replica would free nothing."""
+    found: "Set[str]" = set()
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            found.add(os.readlink("/proc/self/fd/" + fd))
+        except OSError:
+            pass
+    return found
+
+
 def _unlink(path: str) -> None:
     try:
         os.unlink(path)
@@ -124,10 +157,12 @@ class ReplicaCache:
             os.makedirs(directory, mode=0o700, exist_ok=True)
             self.dir = directory
         os.chmod(self.dir, 0o700)
+        self._real = os.path.realpath(self.dir)     # as /proc/self/fd names its files
         self._lock = threading.Lock()
         self._entries: "Dict[str, Entry]" = {}  # key hash -> replica
         self._generation: "Dict[str, int]" = {}  # key hash -> changes seen
         self._pending: "Dict[int, Tuple[str, int, str]]" = {}  # download -> (hash, generation, key)
+        self._pins: "Dict[str, int]" = {}       # key hash -> running recipes needing it
         if limit is None:
             try:
                 st = os.statvfs(self.dir)
@@ -240,7 +275,8 @@ class ReplicaCache:
         this host (a transfer the head planned, verified by its SHA-256), as
         the replica: renamed into the store, so it must be on the store's file
         system. Returns its path, or None (the length is not the version's,
-        the store is closed); `file` is gone either way."""
+        the store is closed); `file` is gone either way. OSError ENOSPC if it
+        does not fit beside the replicas that may not be evicted."""
         h = key_hash(key)
         with self._lock:
             try:
@@ -251,6 +287,12 @@ class ReplicaCache:
             if self.closed or not complete:
                 _unlink(file)
                 return None
+            if not self._make_room(version[0], keep=h):
+                _unlink(file)
+                raise OSError(errno.ENOSPC, "%s (ENOSPC): the replica store %s is full: "
+                              "cache_size %s, %s pinned by running recipes or open"
+                              % (os.strerror(errno.ENOSPC), self.dir, human(self.limit),
+                                 human(self._held_bytes(h))))
             try:
                 os.chmod(file, 0o600)
                 os.rename(file, final)
@@ -287,17 +329,66 @@ class ReplicaCache:
         if e is not None:
             _unlink(e.file)
 
-    def _evict_locked(self, keep: str) -> None:
-        total = sum(e.size for e in self._entries.values())
-        if total <= self.limit:
-            return
+    # -- space -----------------------------------------------------------
+    def pin(self, keys: "Iterable[str]") -> None:
+        """A running recipe needs these files' replicas: never evicted until
+        unpin() (counted: two recipes pinning one file need two unpins)."""
+        with self._lock:
+            for k in keys:
+                h = key_hash(k)
+                self._pins[h] = self._pins.get(h, 0) + 1
+
+    def unpin(self, keys: "Iterable[str]") -> None:
+        with self._lock:
+            for k in keys:
+                h = key_hash(k)
+                n = self._pins.get(h, 0) - 1
+                if n > 0:
+                    self._pins[h] = n
+                else:
+                    self._pins.pop(h, None)
+            self._make_room(0, keep="")
+
+    def pinned(self, key: str) -> bool:
+        with self._lock:
+            return key_hash(key) in self._pins
+
+    def used(self) -> int:
+        """Bytes of complete replicas in the store."""
+        with self._lock:
+            return sum(e.size for e in self._entries.values())
+
+    def _open_replicas(self) -> "Set[str]":
+        """Key hashes of the replicas open in this process."""
+        pre = self._real + "/"
+        return set(os.path.basename(p).split(".")[0] for p in _open_files() if p.startswith(pre))
+
+    def _held_bytes(self, keep: str) -> int:
+        """Bytes that may not be evicted now (pinned or open), `keep` aside."""
+        opened = self._open_replicas()
+        return sum(e.size for h, e in self._entries.items()
+                   if h != keep and (h in self._pins or h in opened))
+
+    def _make_room(self, size: int, keep: str) -> bool:
+        """Evict, least recently used first, until `size` more bytes fit
+        beside the rest (the replica `keep` counts as gone: it is the one
+        being replaced or just made); False if the replicas that may not go
+        leave too little."""
+        total = sum(e.size for h, e in self._entries.items() if h != keep)
+        if total + size <= self.limit:
+            return True
+        opened = self._open_replicas()
         for h, e in sorted(self._entries.items(), key=lambda he: he[1].used):
-            if total <= self.limit:
+            if total + size <= self.limit:
                 break
-            if h == keep:
+            if h == keep or h in self._pins or h in opened:
                 continue
             total -= e.size
             self._drop(h)
+        return total + size <= self.limit
+
+    def _evict_locked(self, keep: str) -> None:
+        self._make_room(self._entries[keep].size if keep in self._entries else 0, keep)
 
     def close(self) -> None:
         """A private store is removed with everything in it; a persistent one

@@ -230,7 +230,7 @@ def run(o: Options, p: Prepared, ready: "Callable[[], None]",
     capture = None
     try:
         try:
-            cache = ReplicaCache(o.cache_dir)
+            cache = ReplicaCache(o.cache_dir, limit=o.cache_size)
         except OSError as e:
             raise MountError("cache_dir %s: %s" % (o.cache_dir or "", e.strerror or e))
         remote_specs = [s for s in o.branches if is_remote(s)]

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from conftest import module_bed
+from testbed import sha256_of
 from test_flow_backpressure import RssSampler
 
 pytestmark = pytest.mark.testbed
@@ -33,21 +34,13 @@ def scratch_of(bed, host: str) -> str:
     return os.path.join(bed.dir, "hosts", host, "scratch")
 
 
-def sha(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def make_file(path: str, size: int, owner: str) -> str:
     import pwd
     with open(path, "wb") as f:
         f.write(os.urandom(size))
     pw = pwd.getpwnam(owner)
     os.chown(path, pw.pw_uid, pw.pw_gid)
-    return sha(path)
+    return sha256_of(path)
 
 
 def explore(g, fanout: int = 8) -> dict:
@@ -81,7 +74,7 @@ class PartialWatch:
             for h, p in self.paths.items():
                 if h in self.seen or not os.path.exists(p):
                     continue
-                got = sha(p)
+                got = sha256_of(p)
                 self.seen[h] = got
                 if got != self.want:
                     self.bad.append((h, os.path.getsize(p)))
@@ -135,7 +128,7 @@ def test_bcast_reaches_every_host_complete_never_partial_in_bounded_memory(bed, 
     assert r.stdout == "" and r.stderr == ""            # quiet on success
     assert watch.polls > 20 and not watch.bad, watch.bad
     for h in HOSTS:
-        assert sha(os.path.join(scratch_of(bed, h), "b1", "copy")) == want, h
+        assert sha256_of(os.path.join(scratch_of(bed, h), "b1", "copy")) == want, h
     assert temps_left(bed, "b1") == []
     # 64 MiB went through the daemon and every agent: none held it.
     sampler.check()
@@ -160,13 +153,13 @@ def test_a_node_that_falls_behind_stalls_nobody_else(bed, make_gxp):
         while not all(os.path.exists(paths[h]) for h in others) and time.monotonic() < deadline:
             time.sleep(0.05)
         for h in others:
-            assert sha(paths[h]) == want, h
+            assert sha256_of(paths[h]) == want, h
         assert not os.path.exists(paths["tc04"]) and p.poll() is None
     finally:
         os.kill(pids["tc04"], signal.SIGCONT)
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
-    assert sha(paths["tc04"]) == want
+    assert sha256_of(paths["tc04"]) == want
 
 
 def test_source_killed_midway_with_a_replica_still_completes(bed, make_gxp):
@@ -193,7 +186,7 @@ def test_source_killed_midway_with_a_replica_still_completes(bed, make_gxp):
     failed = [line for line in err.splitlines() if not line.startswith("bcast:")]
     assert len(failed) == 1 and failed[0].startswith("tc01: node lost"), err
     for h in HOSTS[1:]:
-        assert sha(os.path.join(scratch_of(bed, h), "b2", "copy")) == want, (h, err)
+        assert sha256_of(os.path.join(scratch_of(bed, h), "b2", "copy")) == want, (h, err)
     assert temps_left(bed, "b2") == []
 
 
@@ -219,7 +212,7 @@ def test_middle_node_killed_the_others_complete(bed, make_gxp):
     assert lost == {"tc02"} | under, (err, stat)
     assert len(lost) < len(HOSTS) - 2, stat
     for h in set(HOSTS) - lost:
-        assert sha(os.path.join(scratch_of(bed, h), "b3", "copy")) == want, (h, err)
+        assert sha256_of(os.path.join(scratch_of(bed, h), "b3", "copy")) == want, (h, err)
     for h in lost:
         assert not os.path.exists(os.path.join(scratch_of(bed, h), "b3", "copy")), h
 
@@ -237,7 +230,7 @@ def test_a_corrupted_chunk_is_detected_and_fetched_again(bed, make_gxp):
     r = g.run("bcast", "--hosts", "tc*", src, dest_dir + "/copy", timeout=300)
     assert r.returncode == 0, r.stderr
     for h in HOSTS:
-        assert sha(os.path.join(scratch_of(bed, h), "b4", "copy")) == want, h
+        assert sha256_of(os.path.join(scratch_of(bed, h), "b4", "copy")) == want, h
     with open(os.path.join(g.session_dir, "gxpd.log")) as f:
         log = f.read()
     assert "got a bad chunk 5 from 0" in log, log[-2000:]
@@ -259,7 +252,7 @@ def test_a_full_disk_names_its_node_and_enospc(bed, make_gxp):
             r.stderr
         for h in HOSTS:
             if h != "tc05":
-                assert sha(os.path.join(scratch_of(bed, h), "b5", "copy")) == want, h
+                assert sha256_of(os.path.join(scratch_of(bed, h), "b5", "copy")) == want, h
         left = host.exec(["ls", "-A", dest_dir], capture_output=True, text=True).stdout
         assert left == "", left
     finally:

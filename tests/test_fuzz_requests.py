@@ -95,7 +95,7 @@ VERB_FIELDS = {
                                          lambda t: not any(isinstance(x, str) for x in t))),
                 "host_settings": st.one_of(junk, st.sampled_from([{"h": 5}, {"h": {"fanout": -1}}]))},
     "mount": {"export": path_like, "mountpoint": path_like, "ro": junk, "cipher": junk,
-              "allow_other": junk, "options": junk},
+              "allow_other": junk, "cache_size": junk, "options": junk},
     "umount": {"mountpoint": path_like},
     "bcast": {"src": path_like, "dest": path_like, "src_nodes": st.one_of(junk, st.sampled_from(
                   ["local*", "nosuch", "[a-", "0"])), "mask": st.one_of(junk, st.just("m1")),

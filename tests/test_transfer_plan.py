@@ -30,6 +30,9 @@ class FakeHead:
         self.adopted: list = []
         self.logs: list = []
         self.transfers: list = []
+        self.pins: list = []
+        self.hold_pins = False
+        self.held: list = []
 
     def _start(self, sources, path, targets, dest, on_done, dests=None):
         self.started.append((list(sources), path, list(targets), on_done, dict(dests or {})))
@@ -47,6 +50,13 @@ class FakeHead:
     def adopt_replica(self, node, path, file, source, done):
         self.adopted.append((node, path, file))
         done(True, "", node)
+
+    def pin_replicas(self, node, paths, pin, done):
+        self.pins.append((node, tuple(paths), pin))
+        if self.hold_pins and pin:
+            self.held.append(done)
+            return
+        done()
 
     def write_log(self, text):
         self.logs.append(text)
@@ -198,3 +208,27 @@ def test_bad_sizes_get_one_line(text, words):
     with pytest.raises(MakeUsage) as e:
         parse_size(text)
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_recipes_inputs_are_pinned_before_it_starts_and_unpinned_when_it_ends():
+    head = FakeHead()
+    head.catalog.add("/mnt/ref", "0.1", 10 * MIB, 1.0)
+    head.hold_pins = True
+    p = _planner(head)
+    ran = []
+    p.stage(("c", 1), "0.2", ["/mnt/ref", "/mnt/out"], lambda: ran.append(1))
+    assert head.pins == [("0.2", ("/mnt/ref", "/mnt/out"), True)]
+    head.fire()
+    head.finish(0)
+    assert ran == []                      # the copy is in, the pin not yet answered
+    head.held.pop()()
+    assert ran == [1]
+    p.release(("c", 1))
+    p.release(("c", 1))                   # once only
+    assert head.pins[1:] == [("0.2", ("/mnt/ref", "/mnt/out"), False)]
+    # a recipe that never starts (its make went away) is unpinned too
+    p.stage(("c", 2), "0.3", ["/mnt/x"], lambda: ran.append(2))
+    assert p.client_closed("c") == [("c", 2)]
+    assert head.pins[-1] == ("0.3", ("/mnt/x",), False)
+    head.held.pop()()
+    assert ran == [1]

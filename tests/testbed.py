@@ -47,6 +47,7 @@ import atexit
 import contextlib
 import fcntl
 import glob
+import hashlib
 import json
 import os
 import pwd
@@ -1170,6 +1171,15 @@ def _remove_dir(path: str | None) -> list[str]:
 # --------------------------------------------------------------------------
 # sweep
 # --------------------------------------------------------------------------
+
+def sha256_of(path: str) -> str:
+    """The SHA-256 of a file (a copy on a host, seen from here), in hex."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
 
 def list_beds(base: str = BASE_DIR) -> list[dict]:
     """Bed directories with their state: dicts with dir, tag, persistent,
