@@ -32,7 +32,7 @@ NODE_MODULES = [
     "sshfsmux.branch", "sshfsmux.confined_paths", "sshfsmux.fs_transport", "sshfsmux.fs_protocol",
     "sshfsmux.local_branch", "sshfsmux.replica_cache", "sshfsmux.direct_channel",
     "sshfsmux.direct_files", "sshfsmux.direct_branch",
-    "sshfsmux.mount_nesting", "sshfsmux.fuse_glue", "sshfsmux.merged_handles",
+    "sshfsmux.mount_nesting", "sshfsmux.fuse_glue", "sshfsmux.access_memo", "sshfsmux.merged_handles",
     "sshfsmux.link_names", "sshfsmux.merged_changes", "sshfsmux.merged_xattrs", "sshfsmux.merged_fs",
     "sshfsmux.export_server", "sshfsmux.export_scan", "sshfsmux.kernel_cache",
     "sshfsmux.gmount_node", "mfusepy",
@@ -279,7 +279,11 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
             try:
                 files = export_scan.describe(export, rels) if args.get("describe") else []
                 kc = state.get("kcache")
-                dropped = kc.invalidate_paths(["/" + r.lstrip("/") for r in rels]) if kc else 0
+                paths = ["/" + r.lstrip("/") for r in rels]
+                fs = state.get("fs")
+                if fs is not None:
+                    fs.forget_access(paths)
+                dropped = kc.invalidate_paths(paths) if kc else 0
             except Exception as e:
                 in_loop(reply, False, "cannot act on changed files: %s" % e)
                 return
