@@ -268,6 +268,10 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
             in_loop(reply, True, "", {"files": files, "more": more})
         threading.Thread(target=work, daemon=True).start()
 
+    def in_export(path: str) -> bool:
+        """A name of the mount is in this node's export (no peer asked)."""
+        return os.path.lexists(os.path.join(export, path.lstrip("/")))
+
     def changed_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
         """Files (relative to the mount's root) another node or this one just
         wrote: drop this mount's kernel caches for them and, with "describe",
@@ -283,7 +287,7 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
                 fs = state.get("fs")
                 if fs is not None:
                     fs.forget_access(paths)
-                dropped = kc.invalidate_paths(paths) if kc else 0
+                dropped = kc.invalidate_paths(paths, exists=in_export) if kc else 0
             except Exception as e:
                 in_loop(reply, False, "cannot act on changed files: %s" % e)
                 return
