@@ -162,13 +162,70 @@ def safe(fn: "Callable") -> "Callable":
     return op
 
 
+# getattr as libfuse calls it, in plain C types: the path as bytes (or None),
+# the struct stat and the file info as addresses (ints, None for NULL), so
+# ctypes makes no pointer objects per call
+_GETATTR_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p)
+_pending = threading.local()     # the callback a mount being started installs
+
+
+def _fast_getattr(fuse: "Any", into: "Callable[[bytes, int], int]",
+                  path: "Any", buf: "Any", fip: "Any") -> int:
+    """The cold-stat path: the branch lstats into libfuse's buffer itself
+    (0 or -errno); anything it cannot answer (1) takes mfusepy's way."""
+    if not getattr(_kept, "on", False):
+        _kept.on = True
+        _pyapi.PyGILState_Ensure()
+    if path is not None and not fip:
+        try:
+            rc = into(path, buf)
+        except Exception:
+            rc = 1
+        if rc <= 0:
+            return rc
+    import mfusepy
+    return fuse._wrapper(fuse.getattr_fuse_3, path, ctypes.cast(buf, ctypes.POINTER(mfusepy.c_stat)),
+                         ctypes.cast(fip, ctypes.POINTER(mfusepy.fuse_file_info)))
+
+
+def _patch_main(mfusepy: "Any") -> None:
+    """mfusepy builds the operations table inside FUSE.__init__ and hands it
+    to fuse_main_real at once: a wrapper of that call puts the fast getattr
+    in (kept alive by the mount's own frame until libfuse returns)."""
+    if getattr(mfusepy, "_gxp_patched", False):
+        return
+    real = mfusepy.fuse_main_real
+    field = dict(mfusepy.fuse_operations._fields_).get("getattr")
+
+    def main_real(argc, argv, ops, size, data):  # type: ignore[no-untyped-def]
+        fast = getattr(_pending, "getattr", None)
+        if fast is not None and field is not None and ops.contents.getattr:
+            ops.contents.getattr = ctypes.cast(fast, field)
+        return real(argc, argv, ops, size, data)
+    mfusepy.fuse_main_real = main_real
+    mfusepy._gxp_patched = True
+
+
 def fuse_class() -> type:
     """mfusepy's FUSE with three fixes: UTIME_NOW/UTIME_OMIT kept apart from
     real times, rename flags (RENAME_NOREPLACE/EXCHANGE) passed on instead of
     dropped, and read_buf that accepts the NULL path of an unlinked open file."""
     import mfusepy
 
+    _patch_main(mfusepy)
+
     class _FUSE(mfusepy.FUSE):
+        def __init__(self, operations, mountpoint, **kwargs):  # type: ignore[no-untyped-def]
+            # a one-branch mount's getattr goes straight to the branch's
+            # stat_into through a callback of plain C types (_main_real)
+            into = getattr(operations, "stat_into", None)
+            if into is not None and mfusepy.fuse_version_major == 3:
+                _pending.getattr = _GETATTR_T(functools.partial(_fast_getattr, self, into))
+            try:
+                mfusepy.FUSE.__init__(self, operations, mountpoint, **kwargs)
+            finally:
+                _pending.getattr = None
+
         def _wrapper(self, func, *args):  # type: ignore[no-untyped-def]
             # mfusepy's wrapper without its per-error logging work (our
             # operations already turned every failure into an OSError); init

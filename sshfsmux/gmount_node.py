@@ -32,7 +32,7 @@ NODE_MODULES = [
     "sshfsmux.branch", "sshfsmux.confined_paths", "sshfsmux.fs_transport", "sshfsmux.fs_protocol",
     "sshfsmux.local_branch", "sshfsmux.replica_cache", "sshfsmux.direct_channel",
     "sshfsmux.direct_files", "sshfsmux.direct_branch",
-    "sshfsmux.mount_nesting", "sshfsmux.fuse_glue", "sshfsmux.merged_handles",
+    "sshfsmux.mount_nesting", "sshfsmux.fuse_glue", "sshfsmux.access_memo", "sshfsmux.merged_handles",
     "sshfsmux.link_names", "sshfsmux.merged_changes", "sshfsmux.merged_xattrs", "sshfsmux.merged_fs",
     "sshfsmux.export_server", "sshfsmux.export_scan", "sshfsmux.kernel_cache",
     "sshfsmux.gmount_node", "mfusepy",
@@ -270,6 +270,10 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
             in_loop(reply, True, "", {"files": files, "more": more})
         threading.Thread(target=work, daemon=True).start()
 
+    def in_export(path: str) -> bool:
+        """A name of the mount is in this node's export (no peer asked)."""
+        return os.path.lexists(os.path.join(export, path.lstrip("/")))
+
     def changed_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
         """Files (relative to the mount's root) another node or this one just
         wrote: drop this mount's kernel caches for them and, with "describe",
@@ -281,7 +285,11 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
             try:
                 files = export_scan.describe(export, rels) if args.get("describe") else []
                 kc = state.get("kcache")
-                dropped = kc.invalidate_paths(["/" + r.lstrip("/") for r in rels]) if kc else 0
+                paths = ["/" + r.lstrip("/") for r in rels]
+                fs = state.get("fs")
+                if fs is not None:
+                    fs.forget_access(paths)
+                dropped = kc.invalidate_paths(paths, exists=in_export) if kc else 0
             except Exception as e:
                 in_loop(reply, False, "cannot act on changed files: %s" % e)
                 return

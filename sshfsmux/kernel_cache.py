@@ -21,7 +21,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Iterable, Optional
+    from typing import Any, Callable, Iterable, Optional
 
 
 class KernelCache:
@@ -53,23 +53,36 @@ class KernelCache:
     def usable(self) -> bool:
         return self.lib is not None and bool(self.fuse)
 
-    def invalidate_paths(self, paths: "Iterable[str]") -> int:
+    def invalidate_paths(self, paths: "Iterable[str]",
+                         exists: "Optional[Callable[[str], bool]]" = None) -> int:
         """Drop the kernel's caches for each path (relative to the mount's
-        root, starting with '/') and for its directory, so a new name shows
-        up too. Returns how many the kernel had cached; a path it never saw
-        (ENOENT) is not an error: nothing was cached to go stale."""
+        root, starting with '/') and for its directory (its times and size
+        changed with the name). Returns how many the kernel had cached; a path
+        it never saw (ENOENT) is not an error: nothing was cached to go stale.
+        A path the kernel did not know and that `exists` says is not there
+        either (make's candidate names a recipe never made) leaves its
+        directory alone: dropping a recipe's cwd's attributes for it would
+        cost the next chdir a lookup on every peer."""
         if not self.usable:
             return 0
         dropped = 0
         seen = set()
         for p in paths:
-            for q in (p, os.path.dirname(p) or "/"):
-                if q in seen:
-                    continue
-                seen.add(q)
-                rc = self.lib.fuse_invalidate_path(self.fuse, q.encode("utf-8", "surrogateescape"))
-                if rc == 0:
-                    dropped += 1
-                elif rc != -errno.ENOENT:
-                    pass   # e.g. -ENOSYS on an old kernel: the timeouts still bound staleness
+            if p in seen:
+                continue
+            seen.add(p)
+            rc = self._drop(p)
+            if rc == 0:
+                dropped += 1
+            elif rc == -errno.ENOENT and exists is not None and not exists(p):
+                continue
+            d = os.path.dirname(p) or "/"
+            if d not in seen:
+                seen.add(d)
+                dropped += self._drop(d) == 0
         return dropped
+
+    def _drop(self, path: str) -> int:
+        # 0, -ENOENT (never seen), or e.g. -ENOSYS on an old kernel (the
+        # timeouts still bound staleness)
+        return int(self.lib.fuse_invalidate_path(self.fuse, path.encode("utf-8", "surrogateescape")))

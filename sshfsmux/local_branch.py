@@ -15,9 +15,12 @@ Standard library only.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import socket
 import stat
+import threading
+import time
 
 from .branch import Branch, ReadHandle, WriteHandle
 from .confined_paths import Confined
@@ -117,7 +120,13 @@ def _load_libc_stat() -> "Any":
 
 _libc_stat = _load_libc_stat() if os.uname().machine in ("x86_64", "aarch64") else None
 _AT_SYMLINK_NOFOLLOW = 0x100
+_monotonic = time.monotonic
 _GENERAL = 1        # stat_into: take the general path
+# how long stat_into keeps a parent directory open for the next names in it
+# (per FUSE thread): a directory renamed or replaced behind the mount's back
+# is looked up again within this, as the kernel does its own cached names
+# (fuse_glue.ATTR_SECONDS); a rename or rmdir through the branch drops it
+PARENT_SECONDS = 1.0
 
 
 def _process_umask() -> int:
@@ -211,6 +220,13 @@ class LocalBranch(Branch):
         # in the agent) must not apply that one too: new names get their
         # mode set exactly when the umask would take bits off
         self._umask = _process_umask()
+        # stat_into's open parent directory, one per FUSE thread (so no fd is
+        # closed while another thread stats in it): [dir, fd, generation,
+        # deadline]; every such list, to close them with the branch
+        self._parent = threading.local()
+        self._parents: "List[List[Any]]" = []
+        self._generations = itertools.count(1)     # next() is atomic
+        self._generation = 0       # changed by rename and rmdir: parents reopen
 
     def add_exclude(self, path: str) -> None:
         real = os.path.realpath(path)
@@ -311,7 +327,9 @@ class LocalBranch(Branch):
         openat2 RESOLVE_BENEATH with no symlinks."""
         if _libc_stat is None or self._rel_exclude or len(path) < 2:
             return _GENERAL
-        if b"//" in path or b"/." in path:
+        # find, not `in`: bytes' `in` first tries its argument as an integer
+        # and makes (and drops) a TypeError, twice per call
+        if path.find(b"//") >= 0 or path.find(b"/.") >= 0:
             return _GENERAL             # "." and ".." (and dot names: rare, general)
         openat, fstatat, close, get_errno = _libc_stat
         i = path.rfind(b"/")
@@ -319,7 +337,17 @@ class LocalBranch(Branch):
             rc = fstatat(self.root_fd, path[1:], buf, _AT_SYMLINK_NOFOLLOW)
         else:
             d = path[1:i]
-            if b"/" not in d:
+            # a stat storm asks for many names of one directory: its fd is
+            # kept open (per thread) instead of an openat and a close per name
+            kept = getattr(self._parent, "kept", None)
+            if (kept is not None and kept[0] == d and kept[2] == self._generation
+                    and _monotonic() < kept[3]):
+                rc = fstatat(kept[1], path[i + 1:], buf, _AT_SYMLINK_NOFOLLOW)
+                if rc < 0:
+                    return -errno.ENOENT if get_errno() in (errno.ENOENT, errno.ENOTDIR) else _GENERAL
+                return 0
+            generation = self._generation
+            if d.find(b"/") < 0:
                 fd = openat(self.root_fd, d, _DIR_FLAGS | os.O_NOFOLLOW)
             elif _openat2 is not None and len(d) < _CHUNK:
                 fd = _openat2(self.root_fd, d)
@@ -330,15 +358,32 @@ class LocalBranch(Branch):
             if fd < 0:
                 return -errno.ENOENT if get_errno() == errno.ENOENT else _GENERAL
             rc = fstatat(fd, path[i + 1:], buf, _AT_SYMLINK_NOFOLLOW)
+            e = get_errno() if rc < 0 else 0
+            self._keep_parent(kept, d, fd, generation)
             if rc < 0:
-                e = get_errno()
-                close(fd)
                 return -errno.ENOENT if e in (errno.ENOENT, errno.ENOTDIR) else _GENERAL
-            close(fd)
             return 0
         if rc < 0:
             return -errno.ENOENT if get_errno() in (errno.ENOENT, errno.ENOTDIR) else _GENERAL
         return 0
+
+    def _keep_parent(self, kept: "Optional[List[Any]]", d: bytes, fd: int, generation: int) -> None:
+        """This thread's open parent directory is now `d` (fd), the one it
+        had before is closed: only this thread ever uses its own."""
+        if kept is None:
+            kept = [b"", -1, 0, 0.0]
+            self._parent.kept = kept
+            self._parents.append(kept)
+        old = kept[1]
+        kept[:] = [d, fd, generation, _monotonic() + PARENT_SECONDS]
+        if old >= 0:
+            os.close(old)
+
+    def _forget_parents(self) -> None:
+        """A directory was renamed or removed through the branch (called
+        after the change, so a parent opened before it is not kept as new):
+        every thread's kept parent is reopened before its next use."""
+        self._generation = next(self._generations)
 
     def readdir(self, path: str) -> "List[str]":
         fd = self._dir_fd(path)
@@ -387,7 +432,10 @@ class LocalBranch(Branch):
         self._one(path, make)
 
     def rmdir(self, path: str) -> None:
-        self._one(path, lambda n, d: os.rmdir(n, dir_fd=d))
+        try:
+            self._one(path, lambda n, d: os.rmdir(n, dir_fd=d))
+        finally:
+            self._forget_parents()
 
     def unlink(self, path: str) -> None:
         self._one(path, lambda n, d: os.unlink(n, dir_fd=d))
@@ -404,7 +452,10 @@ class LocalBranch(Branch):
             self._done(d1)
 
     def rename(self, old: str, new: str) -> None:
-        self._two(old, new, lambda a, b, d1, d2: os.rename(a, b, src_dir_fd=d1, dst_dir_fd=d2))
+        try:
+            self._two(old, new, lambda a, b, d1, d2: os.rename(a, b, src_dir_fd=d1, dst_dir_fd=d2))
+        finally:
+            self._forget_parents()
 
     def symlink(self, target: str, path: str) -> None:
         self._one(path, lambda n, d: os.symlink(target, n, dir_fd=d))
@@ -528,6 +579,12 @@ class LocalBranch(Branch):
                 os.close(fd)
 
     def close(self) -> None:
+        # after the mount's threads are done: their kept parents go too
+        self._forget_parents()
+        for kept in self._parents:
+            fd, kept[1] = kept[1], -1
+            if fd >= 0:
+                os.close(fd)
         if self.root_fd >= 0:
             fd, self.root_fd = self.root_fd, -1
             os.close(fd)

@@ -37,6 +37,7 @@ class NameChanges:
         def _changed(self, path: str) -> None: ...
         def _refresh(self, paths: List[str]) -> None: ...
         _links: Any
+        _access: Any
 
     # -- changes of names ----------------------------------------------
     def _ensure_parents(self, b: Branch, path: str) -> None:
@@ -175,6 +176,7 @@ class NameChanges:
                     continue   # a hidden non-empty directory of that name stays
                 first = first or e
         self._drop_hints(path)
+        self._access.forget([path])
         self._changed(path)
         self._refresh(self._links.removed(path))
         if first is not None:
@@ -199,6 +201,7 @@ class NameChanges:
                 if e.errno != errno.ENOENT:
                     first = first or e
         self._drop_hints(path, tree=True)
+        self._access.clear()
         if first is not None:
             raise first
         return 0
@@ -254,9 +257,12 @@ class NameChanges:
                 except OSError as e:
                     if e.errno != errno.ENOENT:
                         raise
-        for b in src_branches:
-            self._ensure_parents(b, new)
-            b.rename(old, new)
+        try:
+            for b in src_branches:
+                self._ensure_parents(b, new)
+                b.rename(old, new)
+        finally:
+            self._access.clear()    # names below a renamed directory too
         self._move_hints(old, new)
         self._changed(old)
         self._changed(new)
@@ -301,8 +307,11 @@ class NameChanges:
         v, targets = self._targets(path)
         if stat.S_ISLNK(v.attrs["st_mode"]):
             return 0
-        for b, _ in targets:
-            b.chmod(path, mode & 0o7777)
+        try:
+            for b, _ in targets:
+                b.chmod(path, mode & 0o7777)
+        finally:
+            self._access.clear()     # hard links' other names too
         self._refresh(self._links.others(path))
         return 0
 
@@ -317,11 +326,14 @@ class NameChanges:
         a = v.attrs
         if uid in (-1, a.get("st_uid")) and gid in (-1, a.get("st_gid")):
             return 0
-        for b, _ in targets:
-            fn = getattr(b, "chown", None)
-            if fn is None:
-                raise _e(errno.EPERM)
-            fn(path, uid, gid)
+        try:
+            for b, _ in targets:
+                fn = getattr(b, "chown", None)
+                if fn is None:
+                    raise _e(errno.EPERM)
+                fn(path, uid, gid)
+        finally:
+            self._access.clear()
         self._refresh(self._links.others(path))
         return 0
 

@@ -46,8 +46,9 @@ import stat
 import threading
 import time
 
+from .access_memo import AccessMemo
 from .branch import Branch, ReadHandle, WriteHandle
-from .fuse_glue import (FuseOSError, Operations, _e, fuse_get_context,  # noqa: F401
+from .fuse_glue import (ATTR_SECONDS, FuseOSError, Operations, _e, fuse_get_context,  # noqa: F401
                         hand_over, run_fuse, safe as _safe)
 from .link_names import LinkNames
 from .merged_changes import NameChanges
@@ -128,6 +129,15 @@ class MergedFS(NameChanges, Xattrs, Operations):
         # in init): a change through one name drops the others' attributes
         self._links = LinkNames()
         self._kernel: "Any" = None
+        self._access = AccessMemo(ATTR_SECONDS)
+
+    def forget_access(self, paths: "Optional[List[str]]" = None) -> None:
+        """Names changed elsewhere (the head's "changed" call): their access
+        answers are asked again; None: every name."""
+        if paths is None:
+            self._access.clear()
+        else:
+            self._access.forget(paths)
 
     def _refresh(self, paths: "List[str]") -> None:
         """Drop the kernel's cached attributes of these names (other names of
@@ -400,20 +410,25 @@ class MergedFS(NameChanges, Xattrs, Operations):
             if amode & (os.W_OK | os.X_OK):
                 raise _e(errno.EACCES)
             return 0
-        a = self._view(path).attrs
+        # from attributes at most the attribute timeout old (access_memo.py)
+        memo = self._access
+        kept = memo.get(path)
+        if kept is None:
+            epoch = memo.epoch
+            kept = memo.put(path, self._view(path).attrs, epoch)
+        mode, owner, group = kept[0], kept[1], kept[2]
         if amode == os.F_OK:
             return 0
         if amode & os.W_OK and self.readonly:
             raise _e(errno.EROFS)
         uid, gid, _pid = fuse_get_context()
-        mode = a["st_mode"]
         if uid == 0:
             if amode & os.X_OK and not stat.S_ISDIR(mode) and not mode & 0o111:
                 raise _e(errno.EACCES)
             return 0
-        if a.get("st_uid") == uid:
+        if owner == uid:
             bits = (mode >> 6) & 7
-        elif a.get("st_gid") == gid or a.get("st_gid") in _groups_of(uid, gid):
+        elif group == gid or group in _groups_of(uid, gid):
             bits = (mode >> 3) & 7
         else:
             bits = mode & 7

@@ -103,3 +103,70 @@ def test_new_names_get_their_mode_whatever_the_process_umask(tmp_path):
     b.open_write("/old", os.O_WRONLY, 0o777, True).close()     # there already: kept
     modes = {n: stat.S_IMODE(os.lstat(str(tmp_path / n)).st_mode) for n in ("d", "p", "f", "old")}
     assert modes == {"d": 0o777, "p": 0o666, "f": 0o4777, "old": 0o600}
+
+
+def test_kept_parent_follows_renames_through_the_branch(tmp_path):
+    # stat_into keeps a name's directory open for the next names in it: a
+    # rename or rmdir through the branch must make it look again at once
+    root = tmp_path / "root"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "f").write_text("old")
+    b = LocalBranch(str(root))
+    assert _stat(b, "/d/f")[0] == 0
+    b.rename("/d", "/moved")
+    b.mkdir("/d", 0o755)
+    assert _stat(b, "/d/f")[0] == -errno.ENOENT
+    (root / "d" / "g").write_text("new")
+    assert _stat(b, "/d/g")[0] == 0
+    b.unlink("/d/g")
+    b.rmdir("/d")
+    assert _stat(b, "/d/g")[0] == -errno.ENOENT
+    b.close()
+
+
+def test_kept_parent_expires_for_changes_behind_the_branch(tmp_path, monkeypatch):
+    # a directory replaced directly in the export (here by a symlink that
+    # leads out) is looked up again once PARENT_SECONDS have passed, and the
+    # symlink then goes to the general path, which refuses it
+    monkeypatch.setattr(local_branch, "PARENT_SECONDS", 0.2)
+    root = tmp_path / "root"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "f").write_text("in")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret").write_text("out")
+    b = LocalBranch(str(root))
+    assert _stat(b, "/d/f")[0] == 0
+    os.rename(str(root / "d"), str(root / "old"))
+    os.symlink(str(tmp_path / "outside"), str(root / "d"))
+    import time
+    time.sleep(0.3)
+    assert _stat(b, "/d/secret")[0] == local_branch._GENERAL
+    with pytest.raises(OSError) as ei:
+        b.getattr("/d/secret")
+    assert ei.value.errno == errno.EACCES
+    b.close()
+
+
+def test_kept_parents_are_per_thread_and_closed_with_the_branch(tmp_path):
+    import threading
+    root = tmp_path / "root"
+    for d in ("a", "b"):
+        (root / d).mkdir(parents=True)
+        (root / d / "f").write_text(d)
+    before = len(os.listdir("/proc/self/fd"))
+    b = LocalBranch(str(root))
+    results = []
+
+    def storm(d):
+        for _ in range(50):
+            results.append(_stat(b, "/%s/f" % d)[1].st_size)
+    threads = [threading.Thread(target=storm, args=(d,)) for d in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(set(results)) == [1]
+    assert len(results) == 100
+    assert len(b._parents) == 2           # one kept directory per thread
+    b.close()
+    assert len(os.listdir("/proc/self/fd")) == before
