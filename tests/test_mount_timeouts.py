@@ -10,7 +10,6 @@ does not come back).
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 import sys
 import time
@@ -18,8 +17,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import testbed  # noqa: E402
-from test_sshfsm import (FUSERMOUNT, REPO, VENV, Env, _skip_reason, mounted,  # noqa: E402
+from test_sshfsm import (FUSERMOUNT, mounted, sshfsm_bed,  # noqa: E402
                          mounts, sshfsm_pids, wait_gone)
 
 BOUND = 3           # the mounts' -o timeout in these tests
@@ -28,23 +26,8 @@ SLACK = 10          # generous: a loaded machine, the kernel's own FUSE round tr
 
 @pytest.fixture(scope="module")
 def env():
-    why = _skip_reason()
-    if why:
-        pytest.skip(why)
-    fuse_token = testbed.open_fuse_to_users()   # as on real systems: users may mount
-    bed = testbed.TestBed()
-    try:
-        bed.up(["tt01", "tt02", "tt03"], hide_paths=[REPO, VENV])
-        user = bed.add_user("sft" + secrets.token_hex(3)).name
-        yield Env(bed, user)
-    finally:
-        try:
-            for mp, t, _ in mounts():
-                if t == "fuse.sshfsm" and mp.startswith("/home/"):
-                    subprocess.run(["umount", "-l", mp], capture_output=True)
-        finally:
-            bed.teardown()
-            testbed.close_fuse_to_users(fuse_token)
+    with sshfsm_bed(["tt01", "tt02", "tt03"], "sft") as e:
+        yield e
 
 
 def timed(env, argv, limit):

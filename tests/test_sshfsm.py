@@ -11,6 +11,7 @@ A few tests at the top exercise the pieces in-process (no bed needed).
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -339,26 +340,36 @@ def wait_for(cond, timeout=10):
     return True
 
 
-@pytest.fixture(scope="module")
-def env():
+@contextlib.contextmanager
+def sshfsm_bed(hosts, user_prefix: str):
+    """An Env on a new test bed of `hosts` (our code hidden on them) with one
+    ordinary user and /dev/fuse open to users as on real systems; the user's
+    mounts, the bed and the device's mode are undone even when a test failed.
+    Skips where the bed or FUSE is missing."""
     why = _skip_reason()
     if why:
         pytest.skip(why)
-    fuse_token = testbed.open_fuse_to_users()   # as on real systems: users may mount
+    fuse_token = testbed.open_fuse_to_users()
     bed = testbed.TestBed()
+    e = None
     try:
-        bed.up(["tb01", "tb02", "tb03"], hide_paths=[REPO, VENV])
-        user = bed.add_user("sfm" + secrets.token_hex(3)).name
-        e = Env(bed, user)
+        bed.up(hosts, hide_paths=[REPO, VENV])
+        e = Env(bed, bed.add_user(user_prefix + secrets.token_hex(3)).name)
         yield e
     finally:
         try:
             for mp, t, _opts in mounts():     # never leave a mount behind
-                if t == "fuse.sshfsm" and mp.startswith("/home/"):
+                if e is not None and t == "fuse.sshfsm" and mp.startswith(e.home + "/"):
                     subprocess.run(["umount", "-l", mp], capture_output=True)
         finally:
             bed.teardown()
             testbed.close_fuse_to_users(fuse_token)
+
+
+@pytest.fixture(scope="module")
+def env():
+    with sshfsm_bed(["tb01", "tb02", "tb03"], "sfm") as e:
+        yield e
 
 
 # --------------------------------------------------------------------------
