@@ -336,7 +336,7 @@ import os, sys
 sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
 import testbed
 b = testbed.TestBed()
-b.up(["sa", "sb"])
+b.up(["sa", "sb"], cpu_share=0.5)
 b.add_user({user!r})
 print(b.dir, flush=True)
 os._exit(0)     # crash: no teardown
@@ -347,9 +347,12 @@ os._exit(0)     # crash: no teardown
     d = r.stdout.strip()
     tag = testbed.TestBed.attach(d).tag
     assert _user_exists(user) and os.path.isdir(d)
+    cgroups = [os.path.join(testbed.CGROUP_CPU, "gxptb%s-%s" % (tag, h)) for h in ("sa", "sb")]
+    assert all(os.path.isdir(c) for c in cgroups)
     removed = testbed.sweep()
     assert f"bed {d}" in removed
     _assert_gone(tag, d, [user])
+    assert not any(os.path.exists(c) for c in cgroups)
     # the live bed of this process is left alone
     assert os.path.isdir(bed.dir) and bed.host("tb01").alive
     assert _user_exists(bed.user)
