@@ -16,7 +16,11 @@ What it does:
 * Two workflows, each run from scratch in the mount with `gxpc make -j16`:
     pipeline   examples/pipeline (simulate a reference and reads, split the
                reads into PARTS, align each part against the shared reference,
-               merge), with --reads reads;
+               merge), with --reads reads; the reference and the reads are
+               made first, not timed, by `gxpc make ref.fa reads.fq` with the
+               default placement in both arms (they start from the same
+               layout; simulating is a CPU-bound minute that no placement
+               changes, and on a shared machine its noise swamped the rest);
     mapreduce  every host writes its share of the input (--chunks chunks of
                --chunk-mib MiB each, chunk k on host k mod 8), then a map
                recipe per chunk (cksum: it reads the chunk, little CPU) and
@@ -33,16 +37,27 @@ What it does:
   locality / load, goal < 1), and Confuga's published BWA figures (Table I of
   the push/pull paper: 25 storage nodes, 1 Gbit links, 826 jobs) beside ours.
 
-All hosts share this machine's CPUs (and whatever else runs on it): the
-makespans are CPU-bound as much as network-bound here; bytes moved do not
-depend on that. Everything is cleaned up whatever happens.
+* Each host has its own share of the CPUs, as it has its own link:
+  --cpu-share (default: this machine's cores / 8, 0.25 of a CPU on 2 cores)
+  caps every process of a host at that CPU time (a cgroup per host,
+  tests/testbed.py), so 8 hosts never contend for the cores and a host that
+  runs more recipes is slower, as a real node would be. Without it
+  (--cpu-share 0) the hosts share this machine's cores freely and a
+  CPU-bound stage takes the same time wherever its recipes run: the makespan
+  then measures CPU contention between emulated hosts, not placement. Bytes
+  moved do not depend on it. Other work on the machine still slows every
+  host alike; both placements run interleaved on the same bed.
+
+Everything is cleaned up whatever happens.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+import uuid
 
 from bench_harness import GMountBench, BenchError, log, main_driver, ratio_text
 
@@ -74,6 +89,28 @@ CONFUGA_BWA = [
 ]
 
 
+def stage_times(trace: str, t0: float) -> str:
+    """Per stage (a recipe's script, or its first command): recipes, the
+    hosts they ran on, and when the first started and the last ended, in
+    seconds from the make's start (from its --trace)."""
+    stages: "dict[str, list]" = {}
+    with open(trace) as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("kind") != "recipe":
+                continue
+            words = rec["recipe"].split()
+            script = [w for w in words if w.endswith(".py")]
+            name = os.path.basename(script[0]) if script else words[0]
+            st = stages.setdefault(name, [0, set(), float("inf"), 0.0])
+            st[0] += 1
+            st[1].add(rec["node"])
+            st[2], st[3] = min(st[2], rec["start"] - t0), max(st[3], rec["end"] - t0)
+    return "".join("stage %-12s %3d recipes on %d hosts, %6.1f s to %6.1f s\n"
+                   % (name, n, len(hosts), a, b)
+                   for name, (n, hosts, a, b) in sorted(stages.items(), key=lambda kv: kv[1][2]))
+
+
 class LocalityBench(GMountBench):
     name = "locality.py"
     hosts = HOSTS
@@ -83,6 +120,9 @@ class LocalityBench(GMountBench):
     def __init__(self, a) -> None:
         super().__init__(log, "gxplq")
         self.a = a
+
+    def bed_up(self, names, user_prefix: str, **up_args) -> float:
+        return super().bed_up(names, user_prefix, cpu_share=self.a.cpu_share or None, **up_args)
 
     # -- measuring -------------------------------------------------------------
     def rx_bytes(self) -> "dict[str, int]":
@@ -110,8 +150,9 @@ class LocalityBench(GMountBench):
             # on make's command line: it overrides the makefile's own
             # target-specific GXP_PLACE (the pipeline's HARD split) as well
             args = list(args) + ["GXP_PLACE=load"]
+        trace = os.path.join(self.top, "%s-%s.trace" % (key.replace(" ", "-"), uuid.uuid4().hex[:6]))
         if self.a.explain:
-            args = ["--explain-placement"] + list(args)
+            args = ["--explain-placement", "--trace=" + trace] + list(args)
         b0 = self.rx_bytes()
         t0 = time.monotonic()
         r = self.timed(key, lambda: self.as_user(
@@ -122,6 +163,7 @@ class LocalityBench(GMountBench):
             # where each recipe ran and why, for reading afterwards
             with open(os.path.join(self.a.explain, key.replace(" ", "-") + ".txt"), "a") as f:
                 f.write(r.stderr)
+                f.write(stage_times(trace, time.time() - (time.monotonic() - t0)))
         b1 = self.rx_bytes()
         per_host = [b1[h] - b0[h] for h in HOSTS]
         self.add(key + " MB", sum(per_host) / 1e6)
@@ -131,8 +173,10 @@ class LocalityBench(GMountBench):
     def pipeline(self, mode: str, rep: int) -> None:
         work = os.path.join(self.mnt, "pipe-%s-%d" % (mode, rep))
         self.as_user(["sh", "-c", 'mkdir "$1" && cp "$2"/Makefile "$2"/*.py "$1"/', "sh", work, PIPELINE])
-        self.gmake("pipeline " + mode, work, ["READS=%d" % self.a.reads, "REFLEN=100000",
-                                             "PARTS=16"], mode)
+        args = ["READS=%d" % self.a.reads, "REFLEN=100000", "PARTS=16"]
+        self.as_user([os.path.join(os.path.dirname(sys.executable), "gxpc"), "make", "-s", "ref.fa",
+                      "reads.fq"] + args, cwd=work, env={"GXP_SESSION": self.session})
+        self.gmake("pipeline " + mode, work, args, mode)
         self.as_user(["rm", "-rf", work])
 
     def mapreduce(self, mode: str, rep: int) -> None:
@@ -158,18 +202,20 @@ class LocalityBench(GMountBench):
     def run(self) -> None:
         for rep in range(self.a.reps):
             for mode in (("locality", "load") if rep % 2 == 0 else ("load", "locality")):
-                self.pipeline(mode, rep)
-                self.mapreduce(mode, rep)
+                for wf in self.a.workflows:
+                    getattr(self, wf)(mode, rep)
 
     # -- report ----------------------------------------------------------------
     def report(self) -> None:
         print()
-        print("locality-aware placement against load only: %d hosts, %s links, gxpc make -j%d, "
-              "%d rep(s), medians" % (len(HOSTS), BW, JOBS, self.a.reps))
+        cpu = ("%.3g CPU each" % self.a.cpu_share if self.a.cpu_share
+               else "sharing %d cores" % (os.cpu_count() or 1))
+        print("locality-aware placement against load only: %d hosts, %s links, %s, gxpc make -j%d, "
+              "%d rep(s), medians" % (len(HOSTS), BW, cpu, JOBS, self.a.reps))
         print("%-10s %-9s %12s %12s %14s %10s" % ("workflow", "placement", "makespan s", "moved MB",
                                                   "busiest link", "CPU busy"))
         verdicts = []
-        for wf in ("pipeline", "mapreduce"):
+        for wf in self.a.workflows:
             for mode in ("locality", "load"):
                 k = "%s %s" % (wf, mode)
                 print("%-10s %-9s %12.1f %12.1f %11.1f MB %9.0f%%" % (
@@ -201,9 +247,16 @@ def main(argv=None) -> int:
     p.add_argument("--chunks", type=int, default=32, help="mapreduce input chunks (a multiple of 8)")
     p.add_argument("--chunk-mib", type=int, default=8)
     p.add_argument("--quick", action="store_true", help="1 rep, 50,000 reads, 16 chunks of 4 MiB")
+    p.add_argument("--only", choices=("pipeline", "mapreduce"), help="run one workflow, not both")
+    p.add_argument("--cpu-share", type=float, default=(os.cpu_count() or 1) / len(HOSTS),
+                   help="CPU time of each host, in CPUs (default: cores / %d, so hosts do not "
+                   "contend); 0: hosts share the cores freely" % len(HOSTS))
     p.add_argument("--explain", metavar="DIR", help="run make with --explain-placement and append "
                    "what it says to DIR/WORKFLOW-PLACEMENT.txt")
     a = p.parse_args(argv)
+    a.workflows = (a.only,) if a.only else ("pipeline", "mapreduce")
+    if a.cpu_share and not 0.01 <= a.cpu_share <= (os.cpu_count() or 1):
+        p.error("--cpu-share %g: not between 0.01 and %d CPUs" % (a.cpu_share, os.cpu_count() or 1))
     if a.quick:
         a.reps, a.reads, a.chunks, a.chunk_mib = 1, 50000, 16, 4
     return main_driver(LocalityBench, a)

@@ -47,6 +47,7 @@ class Waiting:
     args: Dict[str, Any]
     since: float
     why: str = ""
+    retry_at: Optional[float] = None   # when placement may decide otherwise
 
 
 @dataclass
@@ -67,6 +68,7 @@ class MakeService(Service):
         self.paths: Dict[Tuple[str, int], List[str]] = {}     # running recipe -> its paths
         self.settling: Dict[Tuple[str, int], Settling] = {}
         self._timer: Optional[int] = None
+        self._timer_at = 0.0
         self.transfers = TransferPlanner(head)
         self.started: Dict[Tuple[str, int], Tuple[str, str, float]] = {}   # traced recipes
         # client -> (generation, the session's env it was built on, node -> environment)
@@ -141,7 +143,7 @@ class MakeService(Service):
             head.reply(w.cid, w.req, 1, {"error": d.error})
             return True
         if d.node is None:
-            w.why = d.why
+            w.why, w.retry_at = d.why, d.retry_at
             return False
         head.catalog.bytes_moved += d.fetch
         self._run(w.cid, w.req, args, d.node, slots,
@@ -149,14 +151,25 @@ class MakeService(Service):
         return True
 
     def _arm(self) -> None:
-        """Retry the waiting recipes when the first SOFT delay runs out."""
-        if self._timer is not None or not self.waiting:
+        """Retry the waiting recipes when the first SOFT wait runs out (a
+        wait bounded by a quick fetch can be much shorter than the delay)."""
+        if not self.waiting:
             return
+        now = time.monotonic()
+        wait = max(0.1, self.placement.delay / 4.0)
+        soonest = min((w.retry_at for w in self.waiting if w.retry_at is not None), default=None)
+        if soonest is not None:
+            wait = max(0.02, min(wait, soonest - now))
+        if self._timer is not None:
+            if self._timer_at <= now + wait:
+                return
+            self.head.loop.cancel(self._timer)
 
         def fire() -> None:
             self._timer = None
             self._retry()
-        self._timer = self.head.loop.call_later(max(0.1, self.placement.delay / 4.0), fire)
+        self._timer = self.head.loop.call_later(wait, fire)
+        self._timer_at = now + wait
 
     def _retry(self) -> None:
         waiting, self.waiting = self.waiting, []
@@ -196,7 +209,14 @@ class MakeService(Service):
             head.job_table.start(self, cid, job, [nid], args["cmd"], lambda n, i: env,
                                  lambda n: args.get("cwd"), stdin=bool(args.get("stdin")),
                                  base_for=lambda n: self._base(cid, n))
-        self.transfers.stage((cid, job), nid, paths, start)
+        fetch, staged, copying = int(why.get("fetch") or 0), time.monotonic(), [False]
+
+        def measured() -> None:   # the placement weighs SOFT waits against this rate
+            if copying[0]:        # not when there was nothing to copy
+                self.placement.observe_fetch(fetch, time.monotonic() - staged)
+            start()
+        self.transfers.stage((cid, job), nid, paths, measured)
+        copying[0] = True
 
     def _base(self, cid: str, nid: str) -> Tuple[Any, Dict[str, Optional[str]]]:
         """The environment a make's recipes share on node `nid` (the session's,

@@ -11,8 +11,14 @@ already holds of the recipe's inputs, and the recipe's hints:
   busy node (load balance, as before). The wait follows the recipes' run
   times: DELAY_SHARE of the median of the last RUNS_KEPT recipes' (a busy
   node frees a slot about that often), within DELAY_MIN..DELAY_MAX; DELAY
-  before any recipe has ended. A preference the makefile states (GXP_ON
-  with GXP_PLACE=soft, a collocation group) waits at least DELAY.
+  before any recipe has ended. It never lasts longer than fetching would:
+  the input bytes the best free node lacks, at the rate the recipes' copies
+  have been going (median of the last RATES_KEPT of FETCH_MIN or more;
+  FETCH_RATE before any), bound the wait (waiting is renting, fetching is
+  buying: wait at most what buying costs, never more than twice the best
+  choice in hindsight). So 3 MB next to a busy node at 100 Mbit/s waits
+  0.25 s, not half a minute-long stage. A preference the makefile states
+  (GXP_ON with GXP_PLACE=soft, a collocation group) waits at least DELAY.
 - GXP_PLACE=hard: only the host holding the most input bytes (Hercules'
   HARD): wait for a slot there, however long.
 - GXP_PLACE=load: by load alone, whatever the inputs (a scatter stage; also
@@ -47,6 +53,14 @@ RUNS_KEPT = 64     # recent run times the median is taken over
 # Inputs smaller than this go by load: fetching 64 KiB costs a few ms even at
 # 100 Mbit/s, less than piling small recipes onto one node costs.
 LOCALITY_MIN = 64 << 10
+# The rate a recipe's missing inputs reach its node at: assumed 100 Mbit/s
+# before a copy was measured (a slow cluster link: it errs towards waiting,
+# the choice made before rates were weighed), then the median of the last
+# RATES_KEPT copies of FETCH_MIN bytes or more (smaller ones measure the
+# round trips, not the link).
+FETCH_RATE = 12.5e6
+FETCH_MIN = 1 << 20
+RATES_KEPT = 32
 
 
 @dataclass
@@ -78,17 +92,32 @@ class Decision:
 
 @dataclass
 class Placement:
-    fixed_delay: Optional[float] = None   # a fixed SOFT delay; None: follow run times
+    fixed_delay: Optional[float] = None   # a fixed SOFT delay; None: follow run times and rates
     min_bytes: int = LOCALITY_MIN
     groups: Dict[str, str] = field(default_factory=dict)   # collocation group -> node id
     _turn: int = 0
     _runs: Deque[float] = field(default_factory=lambda: deque(maxlen=RUNS_KEPT))
+    _rates: Deque[float] = field(default_factory=lambda: deque(maxlen=RATES_KEPT))
 
     def observe(self, seconds: float) -> None:
         """A recipe ran for `seconds` (successful ones: a failure says little
         about how long the stage takes)."""
         if seconds >= 0:
             self._runs.append(seconds)
+
+    def observe_fetch(self, nbytes: int, seconds: float) -> None:
+        """A recipe's missing inputs, `nbytes`, took `seconds` to reach its
+        node (queueing for a transfer slot included: it is what a fetch costs)."""
+        if nbytes >= FETCH_MIN and seconds > 0:
+            self._rates.append(nbytes / seconds)
+
+    @property
+    def fetch_rate(self) -> float:
+        """Bytes per second a recipe's missing inputs reach its node at now."""
+        if not self._rates:
+            return FETCH_RATE
+        rates = sorted(self._rates)
+        return rates[len(rates) // 2]
 
     @property
     def delay(self) -> float:
@@ -158,29 +187,48 @@ class Placement:
                     preferred[0].names[0], "GXP_PLACE=hard" if hints.place == "hard"
                     else "dp=local"))
             delay = self.delay
+            others = [n for n in pool if free(n)]
+            best = max((local(n) for n in others), default=0)
+            fetching = ""
             if self.fixed_delay is None and (on_soft or why_pref.startswith("collocation")):
                 # a preference the makefile states waits at least DELAY: it
                 # is not a fetch weighed against a wait
                 delay = max(DELAY, delay)
+            elif self.fixed_delay is None and others:
+                fetch = (total - best) / self.fetch_rate
+                if fetch < delay:
+                    delay, fetching = fetch, ", fetching %d bytes is quicker" % (total - best)
             if now - waited_since < delay:
                 return Decision(None, "waiting up to %.3gs for %s" % (delay, preferred[0].names[0]),
                                 retry_at=waited_since + delay)
-            others = [n for n in pool if free(n)] or pool
-            best = max(local(n) for n in others)
-            # the next best holder, if it holds enough to matter; else by load
-            pick = self._least_busy([n for n in others if local(n) == best or best < self.min_bytes])
-            return self._take(pick, "%s busy past %.3gs; load" % (preferred[0].names[0], delay),
+            pick = self._fallback(others or pool, local, total)
+            return self._take(pick, "%s busy past %.3gs%s; load" % (preferred[0].names[0], delay, fetching),
                               held, total, group)
         return self._take(self._least_busy(pool), "load" if not hints.on else
                           "GXP_ON=%s, load" % hints.on, held, total, group)
+
+    def _fallback(self, nodes: Sequence[NodeView], local: Callable[[NodeView], int],
+                  total: int) -> NodeView:
+        """Where a recipe goes once its data's node was given up: it fetches
+        wherever it runs, so by load, unless another node holds most of its
+        inputs (a second replica). Among the least busy, the one holding the
+        most (LOCALITY_MIN or more). A shared input copied to a few nodes
+        (a reference every recipe reads) must not pull every recipe onto
+        those few: that packs a CPU-bound stage onto them."""
+        best = max(local(n) for n in nodes)
+        if best >= self.min_bytes and 2 * best >= total:
+            return self._least_busy([n for n in nodes if local(n) == best])
+        low = min(_share(n) for n in nodes)
+        idle = [n for n in nodes if _share(n) == low]
+        top = max(local(n) for n in idle)
+        return self._least_busy([n for n in idle if local(n) == top or top < self.min_bytes])
 
     def _least_busy(self, nodes: Sequence[NodeView]) -> NodeView:
         """Lowest share of slots used; ties go round the nodes in turn."""
         n = len(nodes)
         start = self._turn % n
         self._turn += 1
-        return min((nodes[(start + i) % n] for i in range(n)),
-                   key=lambda x: x.used / float(max(1, x.slots)))
+        return min((nodes[(start + i) % n] for i in range(n)), key=_share)
 
     def _take(self, n: NodeView, why: str, held: Dict[str, int], total: int,
               group: str) -> Decision:
@@ -188,3 +236,8 @@ class Placement:
             self.groups[group] = n.id
         here = held.get(n.host, 0)
         return Decision(n.id, why, local=here, fetch=max(0, total - here))
+
+
+def _share(n: NodeView) -> float:
+    """How busy a node is: the share of its slots taken."""
+    return n.used / float(max(1, n.slots))

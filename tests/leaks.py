@@ -1,7 +1,7 @@
 """What a test run leaves behind on the machine.
 
 `snapshot()` records what the suite could leave: entries in /tmp and /var/tmp,
-FUSE mounts, named network namespaces, the test bed's users, and processes that
+FUSE mounts, named network namespaces, the test bed's cpu cgroups and users, and processes that
 belong to the product or the test bed (owned by a test-bed user, or with a
 gxpstyle agent, daemon, test-bed or batch-queue mark in their command line).
 `leftovers(before, after)` is what appeared in between and is still there.
@@ -47,6 +47,15 @@ def _netns() -> set:
         return set()
 
 
+def _cgroups() -> set:
+    """The test bed's per-host cpu cgroups (tests/testbed.py, cpu_share)."""
+    base = "/sys/fs/cgroup/cpu"
+    try:
+        return {os.path.join(base, n) for n in os.listdir(base) if n.startswith(USER_MARK)}
+    except OSError:
+        return set()
+
+
 def _bed_users() -> dict:
     return {p.pw_name: p.pw_uid for p in pwd.getpwall() if p.pw_gecos.startswith(USER_MARK)}
 
@@ -84,6 +93,7 @@ def snapshot() -> dict:
         "file or directory": _temp_entries(),
         "FUSE mount": _fuse_mounts(),
         "network namespace": _netns(),
+        "cpu cgroup": _cgroups(),
         "test-bed user": set(users),
         "process": _processes(set(users.values())),
     }

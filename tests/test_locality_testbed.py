@@ -268,10 +268,11 @@ def test_the_pipeline_example_aligns_each_part_where_it_is(mounted):
             # and the script), unless that host stayed busy past the delay
             if not (int(local) > 100000 and int(fetched) <= ref_size + 4096):
                 assert "busy past" in why, (part, host, explain)
-        # the splits (GXP_PLACE=hard in the makefile) all ran where the reads are
+        # the splits (GXP_PLACE=hard in the makefile) all ran where the reads
+        # are, fetching at most their script (split.py)
         splits = re.findall(r"> part\d+\.fq -> (\S+): .*; (\d+) bytes local, (\d+) fetched", explain)
         assert len(splits) == 8 and len({s[0] for s in splits}) == 1, explain
-        assert all(s[2] == "0" for s in splits), explain
+        assert all(int(s[2]) <= 4096 for s in splits), explain
     finally:
         _as_user(g, ["rm", "-rf", work])
         shutil.rmtree(plain, ignore_errors=True)

@@ -282,6 +282,43 @@ def test_kill_and_teardown():
         pass
 
 
+BUSY_LOOP = ("python3 -c 'import time\n"
+             "t = time.monotonic(); c = time.process_time()\n"
+             "while time.monotonic() - t < 2.0: pass\n"
+             "print((time.process_time() - c) / (time.monotonic() - t))'")
+
+
+def test_cpu_share_caps_a_host():
+    """A CPU-bound loop on a host with cpu_share=0.2 gets about a fifth of a
+    CPU (uncapped it gets one CPU, or half of one on a busy 2-core machine),
+    and the leak check sees the host's cgroup until teardown removes it."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import leaks
+    b = testbed.TestBed()
+    user = _uname()
+    try:
+        b.add_user(user)
+        b.up(["ca"], cpu_share=0.2)
+        cg = b.host("ca").cgroup
+        assert cg in leaks.snapshot()["cpu cgroup"]
+        with open(os.path.join(cg, "cpu.cfs_quota_us")) as f:
+            assert int(f.read()) == 20000
+        r = b.run_as(user, ["ssh", "ca", BUSY_LOOP], capture_output=True,
+                     text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert 0.1 < float(r.stdout) < 0.3, r.stdout
+        r = b.host("ca").exec(BUSY_LOOP, capture_output=True, text=True, timeout=60)
+        assert 0.1 < float(r.stdout) < 0.3, r.stdout
+        tag, d = b.tag, b.dir
+    finally:
+        b.teardown()
+    _assert_gone(tag, d, [user])
+    assert not os.path.exists(cg)
+    assert cg not in leaks.snapshot()["cpu cgroup"]
+    with pytest.raises(testbed.TestBedError):
+        testbed.TestBed().up(["cz"], cpu_share=0)
+
+
 def test_teardown_after_failed_up():
     b = testbed.TestBed()
     with pytest.raises(testbed.TestBedError):
@@ -299,7 +336,7 @@ import os, sys
 sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
 import testbed
 b = testbed.TestBed()
-b.up(["sa", "sb"])
+b.up(["sa", "sb"], cpu_share=0.5)
 b.add_user({user!r})
 print(b.dir, flush=True)
 os._exit(0)     # crash: no teardown
@@ -310,9 +347,12 @@ os._exit(0)     # crash: no teardown
     d = r.stdout.strip()
     tag = testbed.TestBed.attach(d).tag
     assert _user_exists(user) and os.path.isdir(d)
+    cgroups = [os.path.join(testbed.CGROUP_CPU, "gxptb%s-%s" % (tag, h)) for h in ("sa", "sb")]
+    assert all(os.path.isdir(c) for c in cgroups)
     removed = testbed.sweep()
     assert f"bed {d}" in removed
     _assert_gone(tag, d, [user])
+    assert not any(os.path.exists(c) for c in cgroups)
     # the live bed of this process is left alone
     assert os.path.isdir(bed.dir) and bed.host("tb01").alive
     assert _user_exists(bed.user)

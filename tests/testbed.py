@@ -34,6 +34,12 @@ Layout of the bed directory ``/var/tmp/gxptb-<tag>`` (0755)::
     hosts/<name>/keys/    host keys (0700)
     hosts/<name>/sshd_config, boot.sh, sshd.log, sshd.pid
 
+CPU share (optional, ``up(..., cpu_share=0.25)``): a cgroup v1 cpu controller
+group ``/sys/fs/cgroup/cpu/gxptb<tag>-<host>`` per host whose CFS quota is that
+fraction of one CPU; the host's sshd starts in it, so every process of the
+host (ssh sessions, agents, recipes; ``Host.exec`` too) shares that CPU time,
+as on a machine of its own.  teardown() and sweep() remove the groups.
+
 Clean-up: ``teardown()`` (idempotent; also run by the context manager, by
 atexit and on SIGTERM/SIGHUP) and ``sweep()`` for leftovers of crashed runs.
 Everything the bed creates carries a recognisable name: network namespaces
@@ -76,6 +82,8 @@ VETH_PREFIX = "gxv"
 USER_MARK = "gxptb"
 NET_PREFIX = "10.200"
 LOCK_FILE = os.path.join(BASE_DIR, ".gxptb.lock")
+CGROUP_CPU = "/sys/fs/cgroup/cpu"      # cgroup v1 cpu controller
+CFS_PERIOD_US = 100000
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 USER_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -348,6 +356,8 @@ class Host:
         self.killed = False
         self._proc: subprocess.Popen | None = None
         self._mnt_fd: int | None = None   # pins the mount ns (and its id)
+        # cpu cgroup holding every process of the host (None: no CPU share)
+        self.cgroup = os.path.join(CGROUP_CPU, self.ns) if bed.cpu_share else None
 
     def __repr__(self):
         state = "down" if self.down else ("killed" if self.killed else "up")
@@ -446,6 +456,8 @@ class Host:
                f"--wdns={cwd}", "--"]
         if user:
             cmd += _setpriv(pw)
+        if self.cgroup:
+            cmd = _in_cgroup(self.cgroup) + cmd
         if "input" not in kw:
             kw.setdefault("stdin", subprocess.DEVNULL)
         return subprocess.run(cmd + _argv(argv), env=_clean_env(pw, env), **kw)
@@ -504,6 +516,7 @@ class TestBed:
         self.hosts: dict[str, Host] = {}
         self.users: dict[str, User] = {}
         self.bw: str | None = None
+        self.cpu_share: float | None = None   # of one CPU, per host
         self.hide_paths: list[str] = []
         self.persistent = False
         self._owner = (os.getpid(), _proc_start(os.getpid()))
@@ -551,6 +564,7 @@ class TestBed:
             "owner_start": self._owner[1], "persistent": self.persistent,
             "bridge": self.bridge, "subnet": self.subnet,
             "gateway_ip": self.gateway_ip, "bw": self.bw,
+            "cpu_share": self.cpu_share,
             "hide_paths": self.hide_paths,
             "netns": self._netns_made, "veths": self._veths_made,
             "users": self._users_made,
@@ -573,6 +587,7 @@ class TestBed:
         bed.tag, bed.dir = st["tag"], st["dir"]
         bed.bridge, bed.subnet = st.get("bridge"), st.get("subnet")
         bed.gateway_ip, bed.bw = st.get("gateway_ip"), st.get("bw")
+        bed.cpu_share = st.get("cpu_share")
         bed.hide_paths = st.get("hide_paths", [])
         bed.persistent = st.get("persistent", False)
         bed._owner = (st.get("owner_pid"), st.get("owner_start"))
@@ -630,7 +645,8 @@ class TestBed:
     def up(self, names: Iterable[str], bw: str | None = None,
            no_python: Iterable[str] = frozenset(),
            down: Iterable[str] = frozenset(),
-           hide_paths: Iterable[str] = ()) -> list[Host]:
+           hide_paths: Iterable[str] = (),
+           cpu_share: float | None = None) -> list[Host]:
         """Create and start the hosts `names` (in parallel).
 
         bw:         e.g. "100mbit": tbf qdisc on both ends of every veth.
@@ -638,6 +654,9 @@ class TestBed:
         down:       hosts that get an IP, ssh config and known_hosts entries
                     but no sshd ("Connection refused").
         hide_paths: paths covered by an empty tmpfs (0755) on every host.
+        cpu_share:  CPU time of each host, a fraction of one CPU (e.g. 0.25:
+                    8 hosts fit in 2 cores without contending); None: the
+                    hosts share the machine's CPUs freely.
         Returns the Host objects in order.  On failure, raises; whatever was
         created is still removed by teardown()."""
         names = list(names)
@@ -658,7 +677,14 @@ class TestBed:
                 if s - set(names):
                     raise TestBedError(f"{what} names unknown hosts: "
                                        f"{sorted(s - set(names))}")
+            if cpu_share is not None:
+                if not 0.01 <= cpu_share <= (os.cpu_count() or 1):
+                    raise TestBedError(f"cpu_share {cpu_share} is not in "
+                                       f"0.01..{os.cpu_count()}")
+                if not os.path.isdir(CGROUP_CPU):
+                    raise TestBedError(f"no cgroup v1 cpu controller at {CGROUP_CPU}")
             self._ensure_dir()
+            self.cpu_share = cpu_share
             hide = self._check_hide(hide_paths)
             self.bw, self.hide_paths = bw, hide
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
@@ -889,12 +915,20 @@ class TestBed:
                   self.bw, "burst", "256kb", "latency", "50ms"])
         if h.down:
             return
+        wrap = []
+        if h.cgroup and self.cpu_share:
+            os.mkdir(h.cgroup)
+            for knob, val in (("cpu.cfs_period_us", CFS_PERIOD_US),
+                              ("cpu.cfs_quota_us", int(CFS_PERIOD_US * self.cpu_share))):
+                with open(os.path.join(h.cgroup, knob), "w") as f:
+                    f.write(f"{val}\n")
+            wrap = _in_cgroup(h.cgroup)   # before ip netns exec hides /sys/fs/cgroup
         log = open(os.path.join(h.dir, "sshd.log"), "ab")
         try:
             h._proc = subprocess.Popen(
-                ["ip", "netns", "exec", h.ns, "unshare", "--mount", "--uts",
-                 "--propagation", "private", "--", "/bin/sh",
-                 os.path.join(h.dir, "boot.sh")],
+                wrap + ["ip", "netns", "exec", h.ns, "unshare", "--mount", "--uts",
+                        "--propagation", "private", "--", "/bin/sh",
+                        os.path.join(h.dir, "boot.sh")],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 env={"PATH": ROOT_PATH, "LANG": "C.UTF-8"},
                 start_new_session=True, close_fds=True)
@@ -1056,6 +1090,7 @@ class TestBed:
                 except Exception as e:
                     problems.append(str(e))
             self.users.clear()
+            problems += _remove_cgroups([h.cgroup for h in hosts if h.cgroup])
             problems += _delete_net(nss, self._veths_made,
                                     [self.bridge] if self.bridge else [])
             problems += _remove_dir(self.dir)
@@ -1128,6 +1163,28 @@ def _remove_user(name: str) -> None:
         raise TestBedError(f"userdel {name} failed: {r.stderr.strip()}")
     if pw.pw_dir.startswith("/home/") and os.path.isdir(pw.pw_dir):
         shutil.rmtree(pw.pw_dir, ignore_errors=True)
+
+
+def _in_cgroup(cgroup: str) -> list[str]:
+    """argv prefix that moves the command into `cgroup` before it starts."""
+    return ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup]
+
+
+def _remove_cgroups(paths: Iterable[str]) -> list[str]:
+    """rmdir each cgroup (its processes were killed; a dying one may take a
+    moment to leave it)."""
+    left = []
+    for p in paths:
+        deadline = time.monotonic() + KILL_TIMEOUT
+        while os.path.isdir(p):
+            try:
+                os.rmdir(p)
+            except OSError:
+                if time.monotonic() > deadline:
+                    left.append(p)
+                    break
+                time.sleep(0.05)
+    return [f"could not remove cgroups {left}"] if left else []
 
 
 def _delete_net(nss: list[str], veths: list[str], bridges: list[str]) -> list[str]:
@@ -1251,6 +1308,16 @@ def sweep(all: bool = False, base: str = BASE_DIR,
         left = _kill_all([_netns_id(ns)], [])
         _run(["ip", "netns", "del", ns], check=False)
         note(f"netns {ns}" + (f" (survivors {left})" if left else ""))
+    cgroups = os.listdir(CGROUP_CPU) if os.path.isdir(CGROUP_CPU) else []
+    for cg in cgroups:
+        m = _NS_RE.match(cg)
+        if not m or _tag_in_use(m.group(1), all, base):
+            continue
+        path = os.path.join(CGROUP_CPU, cg)
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            _kill_all([], [], [int(p) for p in f.read().split()])
+        left_cg = _remove_cgroups([path])
+        note(f"cgroup {path}" + (f" ({left_cg[0]})" if left_cg else ""))
     for dev in sorted(os.listdir("/sys/class/net")):
         m = _BR_RE.match(dev) or _VETH_RE.match(dev)
         if not m or _tag_in_use(m.group(1), all, base):
