@@ -32,7 +32,7 @@ cp "$here/wordcount/Makefile" "$top/mnt/wordcount/"
 # shared reference, merge): each recipe says where it ran and why, and the
 # replica catalog knows who holds each output (local agents share one host).
 mkdir "$top/mnt/pipeline"
-cp "$here/pipeline/Makefile" "$here/pipeline/simulate.py" "$here/pipeline/align.py" "$top/mnt/pipeline/"
+cp "$here/pipeline/Makefile" "$here"/pipeline/*.py "$top/mnt/pipeline/"
 (cd "$top/mnt/pipeline" && gxpc make -j 8 --explain-placement)
 gxpc where "$top/mnt/pipeline/reads.fq" "$top/mnt/pipeline/summary.txt"
 gxpc stat | head -1
