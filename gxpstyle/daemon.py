@@ -165,12 +165,13 @@ class Head(Node):
         cid = link.peer
         if msg["op"] == "request":
             self.handle_request(cid, msg)
-        elif msg["op"] in ("kill", "stdin", "out_ack") and dst in self.tree and dst != wire.HEAD:
+        elif msg["op"] in ("kill", "stdin", "out_ack") and dst in self.tree:
             # Clients address jobs on nodes directly; the source is always the
-            # client, so a client reaches only its own jobs.
-            self.route_frame(dst, wire.encode_frame(dst, cid, msg), link)
-        elif msg["op"] in ("kill", "stdin", "out_ack") and dst == wire.HEAD:
-            self.deliver(cid, body, link)
+            # client, so a client reaches only its own jobs. A job still
+            # waiting for its inputs gets them once it starts.
+            frame = wire.encode_frame(dst, cid, msg)
+            if not self.job_table.hold(cid, msg.get("job"), dst, frame):
+                self.route_frame(dst, frame, link)
 
     def on_client_close(self, link: Link, why: str) -> None:
         cid = link.peer

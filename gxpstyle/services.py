@@ -183,11 +183,32 @@ class JobTable:
         # first, forgotten in the same order): node id -> {caller's key: id}
         self.bases: Dict[str, Dict[Any, int]] = {}
         self.base_seq = 0
+        # Jobs their client has heard of but that have not started (their
+        # inputs are still being copied): the frames the client sent them
+        # (stdin, kill, output credit), in order, go out after the exec. Held
+        # stdin is bounded by the client's window (it waits for stdin_ack).
+        self.announced: Dict[Tuple[str, int], List[Tuple[str, bytes]]] = {}
 
     def new_id(self) -> int:
         """A job id, taken before start() so the client can hear it first."""
         self.seq += 1
         return self.seq
+
+    def announce(self, client: str, job: int) -> None:
+        """The client heard of `job`, which starts later: hold what it sends the job."""
+        self.announced[(client, job)] = []
+
+    def hold(self, client: str, job: Any, dst: str, frame: bytes) -> bool:
+        """Keep a client's frame for a job not started yet (True), else False."""
+        held = self.announced.get((client, job))
+        if held is None:
+            return False
+        held.append((dst, frame))
+        return True
+
+    def forget(self, client: str, job: int) -> None:
+        """A job announced to its client will never start: drop what it sent."""
+        self.announced.pop((client, job), None)
 
     def start(self, owner: Service, client: str, job: int, nodes: List[str], cmd: str,
               env_for: Callable[[str, int], Dict[str, Optional[str]]],
@@ -206,6 +227,8 @@ class JobTable:
             if base_for is not None:
                 self._with_base(msg, nid, *base_for(nid))
             self.head.route_frame(nid, wire.encode_frame(nid, client, msg), None)
+        for dst, frame in self.announced.pop((client, job), []):
+            self.head.route_frame(dst, frame, None)
 
     def _with_base(self, msg: Dict[str, Any], nid: str, key: Any,
                    env: Dict[str, Optional[str]]) -> None:
@@ -257,6 +280,8 @@ class JobTable:
                                                               "status": 255, "error": error})
 
     def client_closed(self, client: str) -> None:
+        for key in [k for k in self.announced if k[0] == client]:
+            del self.announced[key]
         for (c, job), rec in list(self.jobs.items()):
             if c != client:
                 continue

@@ -188,7 +188,9 @@ class MakeService(Service):
         # only files some service caches (a mount) need acting on at the end
         paths = head.watched(list(args.get("inputs") or []))
         settle = bool(paths)
-        # The reply goes first: the client learns the job id before its output.
+        # The reply goes first: the client learns the job id before its output
+        # (and may send it stdin before it starts: the job table holds that).
+        head.job_table.announce(cid, job)
         head.reply(cid, req, 0, dict(why, job=job, node=nid, name=name, settle=settle))
         if settle:
             self.paths[(cid, job)] = paths
@@ -198,6 +200,7 @@ class MakeService(Service):
         def start() -> None:      # once the inputs it lacks are on its node
             info = head.tree.get(nid)
             if info is None or info.state != "up":
+                head.job_table.forget(cid, job)
                 error = "node lost: %s" % (info.reason if info is not None else nid)
                 self.job_done(cid, job, nid, 255, error)
                 head.deliver_to_client(cid, nid, {"op": "exit", "job": job, "status": 255,
