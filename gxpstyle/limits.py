@@ -64,10 +64,9 @@ def _fmt(x: "Number") -> str:
     return str(x)
 
 
-def parse_size(text: str, name: str, what: str = "") -> int:
-    """A size a user wrote (4096, 512K, 512M, 4G, 1.5G, 4GiB, 4GB: binary units)
-    checked against RANGES[name]; RangeError in the user's words otherwise."""
-    label = what or name
+def size_value(text: str) -> float:
+    """The bytes a size a user wrote stands for (4096, 512K, 512M, 4G, 1.5G,
+    4GiB, 4GB: binary units), unchecked; nan if it is not a size."""
     t = text.strip().upper()
     for suffix in ("IB", "B"):
         if t.endswith(suffix) and t[:-len(suffix)][-1:].isalpha():
@@ -75,9 +74,16 @@ def parse_size(text: str, name: str, what: str = "") -> int:
             break
     unit = t[-1:] if t[-1:] and t[-1:] in _UNITS else ""
     try:
-        n = float(t[:-1] if unit else t) * _UNITS[unit]
+        return float(t[:-1] if unit else t) * _UNITS[unit]
     except ValueError:
-        n = float("nan")
+        return float("nan")
+
+
+def parse_size(text: str, name: str, what: str = "") -> int:
+    """A size a user wrote (size_value) checked against RANGES[name];
+    RangeError in the user's words otherwise."""
+    label = what or name
+    n = size_value(text)
     if n != n or n in (float("inf"), float("-inf")):
         raise RangeError("%s must be a size such as 512M or 4G, got %r" % (label, text))
     lo, hi, _ = RANGES[name]

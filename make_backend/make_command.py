@@ -154,24 +154,11 @@ def _value(args: List[str], i: int, a: str, name: str, what: str) -> Tuple[str, 
     return a, i
 
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
 def parse_size(text: str) -> int:
     """`--pull-threshold` SIZE: 0, 64K, 128M, 1.5G, 128MiB, inf (2^62)."""
-    t = text.strip().upper()
-    if t in ("INF", "INFINITY"):
+    if text.strip().upper() in ("INF", "INFINITY"):
         return 1 << 62
-    for suffix in ("IB", "B"):
-        if t.endswith(suffix) and t[:-len(suffix)][-1:].isalpha():
-            t = t[:-len(suffix)]
-            break
-    unit = t[-1:] if t[-1:] in _UNITS and t[-1:] else ""
-    try:
-        value = float(t[:-1] if unit else t)
-    except ValueError:
-        raise MakeUsage("--pull-threshold must be a size such as 64K, 128M or inf, got %r" % text)
-    n = value * _UNITS[unit]
+    n = limits.size_value(text)
     if n != n or n in (float("inf"), float("-inf")):
         raise MakeUsage("--pull-threshold must be a size such as 64K, 128M or inf, got %r" % text)
     if n < 0:
