@@ -60,7 +60,8 @@ waiting for a node; nodes busy).
 Placement: a recipe goes to the node whose host already holds the most of the
 files its command names (the session's replica catalog), waiting for a slot
 there up to half the median run time of the recipes so far (0.5 to 60 s; 3 s
-before any has ended) before it runs elsewhere; with nothing known, to the
+before any has ended), or less when fetching the data to a free node is quicker,
+before it runs elsewhere; with nothing known, to the
 least busy node. Target-specific variables say more: `out: GXP_ON = tb03` (a
 node, a host pattern or a saved mask), `GXP_PLACE = hard` (wait for the node
 holding the data; `soft` makes GXP_ON a preference; `load` ignores the data),
