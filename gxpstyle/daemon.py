@@ -323,15 +323,10 @@ class Head(Node):
                      done: Callable[[], None]) -> None:
         """Every service keeping copies pins (unpins) `paths` on `node`'s host
         (Service.pin_replicas); done() once all of them did."""
-        left = [len(self.services)]
-
-        def one() -> None:
-            left[0] -= 1
-            if left[0] == 0:
-                done()
-        if not self.services or not paths:
+        if not paths:
             done()
             return
+        one = services.after(len(self.services), done)
         for svc in list(self.services):
             try:
                 svc.pin_replicas(node, paths, pin, one)

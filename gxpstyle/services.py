@@ -105,6 +105,20 @@ class Service:
         done()
 
 
+def after(count: int, done: Callable[[], None]) -> Callable[..., None]:
+    """A callback that calls done() once it has itself been called `count`
+    times (whatever it is passed); done() at once if count is 0."""
+    left = [count]
+    if count <= 0:
+        done()
+
+    def one(*_: Any) -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            done()
+    return one
+
+
 def node_is_up(tree: Dict[str, Any], nid: str) -> bool:
     """Node `nid` of the head's tree is explored and up."""
     n = tree.get(nid)

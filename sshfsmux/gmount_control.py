@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from gxpstyle import limits, wire
 from gxpstyle.schema import Bool, Int, Opt, Rec, Str
-from gxpstyle.services import Service, Verb
+from gxpstyle.services import Service, Verb, after
 from sshfsmux import mount_nesting
 
 from sshfsmux.gmount_node import NODE_MODULES as MODULES   # the mount code's own list
@@ -380,14 +380,7 @@ class GMountService(Service):
             if found is not None:
                 rel = os.path.relpath(os.path.normpath(path), found[0].mountpoint)
                 by_sid.setdefault(found[2], []).append(rel)
-        left = [len(by_sid)]
-
-        def answered(ok: bool, error: str, result: Dict[str, Any]) -> None:
-            left[0] -= 1
-            if left[0] == 0:
-                done()
-        if not by_sid:
-            done()
+        answered = after(len(by_sid), done)
         for sid, rels in by_sid.items():
             self.head.call_service(sid, "pin", {"paths": rels, "pin": bool(pin)}, answered)
 

@@ -131,13 +131,10 @@ class MergedFS(NameChanges, Xattrs, Operations):
         self._kernel: "Any" = None
         self._access = AccessMemo(ATTR_SECONDS)
 
-    def forget_access(self, paths: "Optional[List[str]]" = None) -> None:
+    def forget_access(self, paths: "List[str]") -> None:
         """Names changed elsewhere (the head's "changed" call): their access
-        answers are asked again; None: every name."""
-        if paths is None:
-            self._access.clear()
-        else:
-            self._access.forget(paths)
+        answers are asked again."""
+        self._access.forget(paths)
 
     def _refresh(self, paths: "List[str]") -> None:
         """Drop the kernel's cached attributes of these names (other names of

@@ -252,3 +252,16 @@ def test_a_killed_daemon_takes_everything_with_it_and_quit_cleans_up(gxp, fuse_f
     assert not os.path.exists(gxp.session_dir)
     tag = "gxp-%s-" % gxsession.session_name(gxp.session_dir)[:12]
     assert [d for d in os.listdir("/tmp") if d.startswith(tag)] == []
+
+
+def test_after_calls_done_once_after_the_count_and_at_once_for_none():
+    from gxpstyle.services import after
+    calls = []
+    one = after(3, lambda: calls.append("done"))
+    one()
+    one(True, "", {})          # whatever a callback is passed
+    assert calls == []
+    one()
+    assert calls == ["done"]
+    after(0, lambda: calls.append("none"))
+    assert calls == ["done", "none"]
