@@ -33,6 +33,10 @@ RANGES: "Dict[str, Tuple[Number, Number, str]]" = {
     # Bytes of replicas one mount's store keeps on a node (-o cache_size=):
     # under 1 MiB no transfer fits; 1 EiB stands for "no bound".
     "cache_size": (1 << 20, 1 << 60, "bytes"),
+    # `gxpc make -j N`: GNU make puts N-1 tokens in its jobserver pipe before
+    # reading a makefile, and a Linux pipe holds 65,536 bytes, so from 65,538
+    # on make blocks forever on its own pipe (GNU Make 4.3, measured).
+    "jobs": (1, 65536, "jobs at once"),
 }
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}

@@ -139,7 +139,44 @@ def split_own_options(args: List[str]) -> Options:
             o.make_args.append(a)
     if o.local and o.shared:
         raise MakeUsage("--local and --shared exclude each other (--local runs every recipe here)")
+    check_jobs(o.make_args)
     return o
+
+
+# make's short options that take an argument: in a cluster such as `-Cj`, the
+# rest of the word is that argument, not more options.
+_SHORT_WITH_ARG = "CfIoWlOE"
+
+
+def check_jobs(make_args: List[str]) -> None:
+    """MakeUsage for a job count make would hang on or refuse (-j N, -jN, -kj N,
+    --jobs=N, --jobs N), in our words before make starts; anything else about
+    -j (no number: unlimited; not a number: make's own error) is make's."""
+    i = 0
+    while i < len(make_args):
+        a = make_args[i]
+        i += 1
+        if a == "--":
+            return
+        value = None
+        if a == "--jobs" or a.startswith("--jobs="):
+            value = a[len("--jobs="):] if "=" in a else None
+            if value is None and i < len(make_args) and make_args[i].isdigit():
+                value = make_args[i]
+        elif a.startswith("-") and not a.startswith("--"):
+            for k, ch in enumerate(a[1:], 1):
+                if ch == "j":
+                    value = a[k + 1:] or None
+                    if value is None and i < len(make_args) and make_args[i].isdigit():
+                        value = make_args[i]
+                    break
+                if ch in _SHORT_WITH_ARG:
+                    break
+        if value is not None and value.isdigit():
+            try:
+                limits.check("jobs", int(value), "-j")
+            except limits.RangeError as e:
+                raise MakeUsage(str(e))
 
 
 def _value(args: List[str], i: int, a: str, name: str, what: str) -> Tuple[str, int]:

@@ -53,6 +53,10 @@ BAD = [
     (["mount", "-o", "fast", "/a", "/b"], "mount: unknown option 'fast'"),
     (["mw", "gmnt", "/a"], "mw gmnt EXPORT MOUNTPOINT"),
     (["mw", "other", "a", "b"], "mw: only the gmnt program"),
+    # GNU make 4.3 itself hangs from -j 65538 on (its jobserver pipe is full)
+    (["make", "-j", "99999999999"], "make: -j must be from 1 to 65536 (jobs at once), got 99999999999"),
+    (["make", "--jobs=65537"], "make: -j must be from 1 to 65536"),
+    (["make", "-kj0"], "make: -j must be from 1 to 65536 (jobs at once), got 0"),
 ]
 
 
