@@ -138,10 +138,10 @@ def test_payload_built_by_the_head_is_taken_only_for_our_interpreter():
 # (three times the agent's own) can never fold into them. Since then the node
 # side of `gxpc bcast` and posix_spawn for jobs joined: 42.3 KB as source,
 # 133 KB precompiled (docstrings left out). Then the transfers' direct links
-# between siblings (bcast_link.py, a chain inside a site): 46.4 KB as source,
-# 145 KB precompiled.
+# between siblings (bcast_link.py, a chain inside a site): 47.3 KB as source,
+# 148 KB precompiled.
 STAGE1_BUDGET = 1024
-PAYLOAD_BUDGET = {"source": 47 << 10, "precompiled": 146 << 10}
+PAYLOAD_BUDGET = {"source": 48 << 10, "precompiled": 149 << 10}
 
 
 def test_bootstrap_stays_within_its_byte_budget():
