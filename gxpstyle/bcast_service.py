@@ -23,9 +23,13 @@ several) to DEST on a set of targets:
 4. When every target is done or failed, every node is told to stop (relays
    remove their stores) and whoever asked gets the outcome.
 
-Data rides the agent links (framed messages routed through the tree): they are
-authenticated, encrypted, and already cross gateways; benchmarks/transfers.py
-measures what that costs. `start()` is the engine's entry point for other
+Inside a site (the targets one tree parent feeds, which feed nobody else) the
+plan is a pipelined chain instead of a star: the parent feeds the first, each
+feeds the next over a direct link (bcast_link.py) once it listens; a member that
+cannot listen or be reached is fed along the tree, and one that stalls has the
+nodes it fed fed by another holder (`_watch`). Between sites data rides the agent
+links (framed messages routed through the tree): authenticated, encrypted, and
+they cross gateways. `start()` is the engine's entry point for other
 services (a push of make's inputs is a transfer with one or more targets, a
 pull is one with a single target and the holders, in random order, as sources).
 
