@@ -30,10 +30,17 @@ targets (removed between cases), and each copy's SHA-256 is checked:
              any design moving the file from the head over ssh pays on this
              machine,
   bcast      `gxpc bcast --hosts TARGETS tb00:FILE FILE` in a session that has
-             explored tb00 and the targets (the explored tree is flat: every
-             host is a child of the head, so the chunks go tb00 -> head -> every
-             target, each link carrying the file once; the head's own link, the
+             explored tb00 and the targets. The explored tree is flat (every
+             host is a child of the head): the chunks go tb00 -> head over the
+             agent links, and the targets, one site, are fed as a pipelined
+             chain: the head feeds tb01, each target feeds the next over a
+             direct TLS link while it receives (the head's own link, the
              machine's bridge, is not shaped).
+
+With --chain-len K[,K...], bcast is run again for every N in a session whose
+daemon plans chains of at most K nodes (ceil(N/K) interleaved chains per site;
+K = 0: no chain, the head feeds every target over its agent link, as before
+the chains): "bcast chainK N".
 
 With --fanout F, bcast is run again for every N in a second session explored
 with rules head -> tb* and tb* -> tb* and --fanout F: a deeper tree where no
@@ -138,6 +145,10 @@ class TransfersBench(Bench):
         self.counts = sorted(set(opts.hosts))
         self.targets = ["tb%02d" % i for i in range(1, max(self.counts) + 1)]
         self.rel = "bench.bin"
+        self.daemon_env: dict = {}
+
+    def env(self) -> dict:
+        return dict(super().env(), **self.daemon_env)
 
     # -- helpers ---------------------------------------------------------------
     def scratch(self, host: str) -> str:
@@ -267,6 +278,25 @@ class TransfersBench(Bench):
         if self.opts.fanout:
             log("a deeper tree: --fanout %d" % self.opts.fanout)
             self.deep_tree()
+        for k in self.opts.chain_len:
+            log("chains of at most %d nodes" % k)
+            self.chains(k)
+
+    def chains(self, k: int) -> None:
+        """bcast again in a session whose daemon plans chains of at most k
+        nodes per site (GXP_BCAST_CHAIN_LEN, read at the daemon's start)."""
+        self.guarded("quit", self.quit_session)
+        self.session = "/tmp/gxpx-%s/session" % os.urandom(4).hex()
+        self.made_dirs.append(os.path.dirname(self.session))
+        self.daemon_env = {"GXP_BCAST_CHAIN_LEN": str(k)}
+        try:
+            self.gxpc("use", "ssh", "head", "tb*")
+        finally:
+            self.daemon_env = {}
+        self.gxpc("explore", "tb[[00-%02d]]" % len(self.targets))
+        for n in self.counts:
+            hosts = self.targets[:n]
+            self.case("bcast chain%d %d" % (k, n), hosts, self.bcast, hosts)
 
     def deep_tree(self) -> None:
         """bcast again in a session explored with --fanout F (rules head -> tb*
@@ -329,6 +359,10 @@ class TransfersBench(Bench):
             if a is not None:
                 line += "; ssh fan-out (the transport alone) %.2fx S/B, bcast / ssh fan-out = %.2fx" % (
                     a / sb, b / a)
+            for k in self.opts.chain_len:
+                c = self.med("bcast chain%d %d" % (k, n))
+                if c is not None:
+                    line += "; chains of <= %d: %.2fx S/B" % (k, c / sb)
             d = self.med("bcast fanout%d %d" % (self.opts.fanout, n))
             if d is not None:
                 line += "; bcast with --fanout %d %.2fx S/B (%.2fx the flat tree)" % (
@@ -351,6 +385,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-push-tree", action="store_true", help="leave out the scp push tree")
     p.add_argument("--fanout", type=int, default=0,
                    help="then bcast again in a tree explored with --fanout F (e.g. 2)")
+    p.add_argument("--chain-len", default="",
+                   help="then bcast again with chains of at most K nodes, e.g. 8 or 0,8")
     p.add_argument("--quick", action="store_true", help="32 MiB, N = 8, one run")
     p.add_argument("--workflows", action="store_true",
                    help="Confuga's workflows with gxpc make instead (transfer_workflows.py)")
@@ -362,6 +398,7 @@ def main(argv=None) -> int:
             transfer_workflows.quick(a)
         return main_driver(transfer_workflows.WorkflowsBench, a)
     a.hosts = [int(x) for x in a.hosts.split(",")]
+    a.chain_len = [int(x) for x in a.chain_len.split(",") if x.strip()]
     if a.quick:
         a.size, a.reps, a.hosts = 32, 1, [8]
     return main_driver(TransfersBench, a)

@@ -55,8 +55,9 @@ def pread_full(fd: int, n: int, off: int) -> bytes:
 class Transfer:
     """One broadcast on this node: a source, a receiver, or both."""
 
-    def __init__(self, node: Any, bc: int) -> None:
+    def __init__(self, node: Any, bc: int, owner: Any = None) -> None:
         self.node = node
+        self.owner = owner          # the Bcasts that holds the direct links
         self.bc = bc
         self.chunk = 1
         self.size = 0
@@ -77,7 +78,8 @@ class Transfer:
         self.done = False
         self.error = ""
         self.closed = False
-        self.feeds: Dict[str, List[int]] = {}   # child -> [next, unacked, chunk to corrupt]
+        # child -> [next, unacked, chunk to corrupt, direct link or None, fed directly]
+        self.feeds: Dict[str, List[Any]] = {}
         self.reported = 0.0
         self.bad_from: Any = set()
         self.self_pending = False
@@ -163,12 +165,30 @@ class Transfer:
             self.fail(os_reason(e, self.where if e.filename in (None, self.tmp) else ""))
             return
         self.dest = dest
+        if msg.get("listen"):
+            self.listen()
         if self.n == 0:
             self.finish()
 
-    def bc_chunk(self, src: str, msg: Dict[str, Any]) -> None:
+    def listen(self) -> None:
+        """Open this node's direct-link listener and tell the head where it is:
+        a sibling will feed us over it (a failure here: our parent feeds us)."""
+        port, error = 0, ""
+        addrs: List[str] = []
+        try:
+            port, addrs = self.owner.direct_links().listen()
+        except OSError as e:
+            error = os_reason(e, "listener")
+        self.node.send(wire.HEAD, {"op": "bc_listening", "bc": self.bc, "port": port,
+                                   "addrs": addrs[:16], "error": error})
+
+    def bc_chunk(self, src: str, msg: Dict[str, Any], via: Any = None) -> None:
         i = msg["index"]
-        self.node.send(src, {"op": "bc_ack", "bc": self.bc, "index": i})
+        ack = {"op": "bc_ack", "bc": self.bc, "index": i}
+        if via is not None:         # acked on the direct link it came on
+            via.send(src, self.node.id, ack)
+        else:
+            self.node.send(src, ack)
         if self.fd is None or self.done or i != self.have:
             return
         data = msg["data"]
@@ -237,13 +257,37 @@ class Transfer:
 
     # -- feeding children ----------------------------------------------------------
     def bc_feed(self, msg: Dict[str, Any]) -> None:
-        self.feeds[msg["child"]] = [msg["start"], 0, msg.get("corrupt", -1)]
-        self.pump(msg["child"])
+        child = msg["child"]
+        port = msg.get("port", 0)
+        f = self.feeds[child] = [msg["start"], 0, msg.get("corrupt", -1), None, bool(port)]
+        if not port:
+            self.pump(child)
+            return
+
+        def up(link: Any, why: str) -> None:
+            if self.feeds.get(child) is not f:
+                return                      # dropped or replaced meanwhile
+            if link is None:
+                self.direct_lost(child, why)
+                return
+            f[3] = link
+            self.pump(child)
+        self.owner.direct_links().connect(child, msg.get("addrs") or [], port, up)
+
+    def direct_lost(self, child: str, why: str) -> None:
+        """The direct link to `child` failed or closed: stop feeding it that
+        way and tell the head, which feeds it from another holder."""
+        f = self.feeds.get(child)
+        if f is None or not f[4]:
+            return
+        del self.feeds[child]
+        self.node.send(wire.HEAD, {"op": "bc_nolink", "bc": self.bc, "child": child,
+                                   "error": why[:1000]})
 
     def bc_drop(self, msg: Dict[str, Any]) -> None:
         self.feeds.pop(msg["child"], None)
 
-    def bc_ack(self, src: str, msg: Dict[str, Any]) -> None:
+    def bc_ack(self, src: str, msg: Dict[str, Any], via: Any = None) -> None:
         f = self.feeds.get(src)
         if f is not None:
             f[1] = max(0, f[1] - 1)
@@ -260,6 +304,9 @@ class Transfer:
         f = self.feeds.get(child)
         if f is None or self.closed:
             return
+        link = f[3]
+        if f[4] and (link is None or link.closed):
+            return                          # its direct link is not up yet
         if child == self.node.id and not now:
             # A source that is a target feeds itself; messages to ourselves are
             # delivered at once, so a window sent from here would recurse.
@@ -290,8 +337,11 @@ class Transfer:
                 data = bytes((data[0] ^ 0xFF,)) + data[1:]
             f[0] += 1
             f[1] += 1
-            self.node.send(child, {"op": "bc_chunk", "bc": self.bc, "index": i, "data": data,
-                                   "sha256": hashes[i]})
+            out = {"op": "bc_chunk", "bc": self.bc, "index": i, "data": data, "sha256": hashes[i]}
+            if link is not None:
+                link.send(child, self.node.id, out)
+            else:
+                self.node.send(child, out)
 
     def pump_self(self) -> None:
         self.self_pending = False
@@ -324,14 +374,25 @@ class Bcasts:
     def __init__(self, node: Any) -> None:
         self.node = node
         self.transfers: Dict[int, Transfer] = {}
+        self.direct: Any = None     # bcast_link.DirectLinks, while a transfer needs it
 
-    def handle(self, src: str, msg: Dict[str, Any]) -> None:
+    def direct_links(self) -> Any:
+        if self.direct is None:
+            from gxpstyle import bcast_link
+            self.direct = bcast_link.DirectLinks(self.node, self.handle, self.direct_lost)
+        return self.direct
+
+    def direct_lost(self, peer: str, why: str) -> None:
+        for t in list(self.transfers.values()):
+            t.direct_lost(peer, why)
+
+    def handle(self, src: str, msg: Dict[str, Any], via: Any = None) -> None:
         op, bc = msg["op"], msg["bc"]
         t = self.transfers.get(bc)
         if op in ("bc_chunk", "bc_ack"):
             if t is not None and not src.startswith(wire.CLIENT_PREFIX):
                 try:
-                    getattr(t, op)(src, msg)
+                    getattr(t, op)(src, msg, via)
                 except Exception as e:
                     t.fail("internal error in %s: %s" % (op, e))
             return
@@ -341,9 +402,12 @@ class Bcasts:
             if t is not None:
                 del self.transfers[bc]
                 t.close()
+            if not self.transfers and self.direct is not None:
+                self.direct.close()     # no listener or link outlives the transfers
+                self.direct = None
             return
         if t is None:
-            t = self.transfers[bc] = Transfer(self.node, bc)
+            t = self.transfers[bc] = Transfer(self.node, bc, self)
         try:
             getattr(t, op)(msg)
         except Exception as e:      # a bug fails this node's share, by name, not the agent
@@ -353,3 +417,6 @@ class Bcasts:
         for t in self.transfers.values():
             t.close()
         self.transfers.clear()
+        if self.direct is not None:
+            self.direct.close()
+            self.direct = None

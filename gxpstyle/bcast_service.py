@@ -23,9 +23,13 @@ several) to DEST on a set of targets:
 4. When every target is done or failed, every node is told to stop (relays
    remove their stores) and whoever asked gets the outcome.
 
-Data rides the agent links (framed messages routed through the tree): they are
-authenticated, encrypted, and already cross gateways; benchmarks/transfers.py
-measures what that costs. `start()` is the engine's entry point for other
+Inside a site (the targets one tree parent feeds, which feed nobody else) the
+plan is a pipelined chain instead of a star: the parent feeds the first, each
+feeds the next over a direct link (bcast_link.py) once it listens; a member that
+cannot listen or be reached is fed along the tree, and one that stalls has the
+nodes it fed fed by another holder (`_watch`). Between sites data rides the agent
+links (framed messages routed through the tree): authenticated, encrypted, and
+they cross gateways. `start()` is the engine's entry point for other
 services (a push of make's inputs is a transfer with one or more targets, a
 pull is one with a single target and the holders, in random order, as sources).
 
@@ -53,6 +57,18 @@ BCAST_ARGS = Rec({"src": Str(4096, empty=False), "dest": Str(4096, empty=False)}
 # request): "NAME:INDEX" flips one byte of chunk INDEX the first time it is sent
 # to the node named NAME, so that a test can see a bad chunk fetched again.
 FAULT_ENV = "GXP_TEST_BCAST_CORRUPT"
+# Test-only fault, read the same way: the node named NAME is given a port nobody
+# listens on for its direct link, so its feeder's connection is refused.
+NO_DIRECT_ENV = "GXP_TEST_BCAST_NO_DIRECT"
+# The most nodes one chain inside a site holds (a site of N nodes gets
+# ceil(N / CHAIN_LEN) interleaved chains); read at start so that a benchmark can
+# compare shapes. 0: no chains (every node fed by its tree parent).
+CHAIN_ENV = "GXP_BCAST_CHAIN_LEN"
+CHAIN_LEN = 64
+# A receiver that has not moved for this long while its feeder holds more has
+# fallen behind (stopped, swapping, its disk slow): the nodes it feeds are fed
+# by another holder, so one slow node in a chain holds up only itself.
+STALL_SECONDS = 4.0
 
 
 @dataclass
@@ -66,6 +82,11 @@ class Member:
     feeder: Optional[str] = None
     done: bool = False
     error: str = ""
+    waiting: bool = False      # a chain member: its feeder is told once it listens
+    addr: Optional[tuple] = None    # (port, addresses) of its direct-link listener
+    no_direct: bool = False    # its direct link failed: fed along the tree from now on
+    moved: float = 0.0         # when it was last fed or last reported progress
+    stalled: bool = False      # fell behind: feeds nobody new until it moves again
 
 
 @dataclass
@@ -113,6 +134,10 @@ class BcastService(Service):
             name, _, idx = spec.rpartition(":")
             if idx.isdigit():
                 self.fault = (name, int(idx))
+        self.no_direct = os.environ.get(NO_DIRECT_ENV, "")
+        chain = os.environ.get(CHAIN_ENV, "")
+        self.chain_len = int(chain) if chain.isdigit() else CHAIN_LEN
+        self.watching = False
 
     def verbs(self) -> Dict[str, Verb]:
         return {"bcast": Verb(self.req_bcast, BCAST_ARGS)}
@@ -135,6 +160,7 @@ class BcastService(Service):
         t = Transfer(self.seq, path, dest, list(sources), list(targets), on_done, on_progress,
                      dests=dict(dests or {}))
         self.transfers[t.id] = t
+        self._watch_later()
         for s in t.sources:
             self.head.send(s, {"op": "bc_open", "bc": t.id, "path": path, "chunk": CHUNK})
         return t
@@ -224,6 +250,7 @@ class BcastService(Service):
                 if hm.source or hm.feeder is not None:
                     break
                 m, hop = hm, nxt
+        self._chain_sites(t)
         t.dest = t.dest.replace("{sha256}", t.sha)
         t.dests = {k: v.replace("{sha256}", t.sha) for k, v in t.dests.items()}
         name = os.path.basename(t.path.rstrip("/")) or "file"
@@ -232,9 +259,9 @@ class BcastService(Service):
                 self.head.send(m.id, {"op": "bc_plan", "bc": t.id, "size": t.size, "mode": t.mode,
                                       "sha256": t.sha, "chunks_sha256": t.chunks_sha, "chunk": CHUNK,
                                       "dest": t.dests.get(m.id, t.dest) if m.target else "",
-                                      "name": name})
+                                      "name": name, "listen": m.waiting})
         for m in list(t.members.values()):
-            if m.feeder is not None:
+            if m.feeder is not None and not m.waiting:
                 self._feed(t, m, m.feeder)
         for m in list(t.members.values()):
             if not node_is_up(self.head.tree, m.id) and not m.error:
@@ -242,12 +269,126 @@ class BcastService(Service):
                            if m.id in self.head.tree else "node lost")
         self._check_done(t)
 
+    def _chain_sites(self, t: Transfer) -> None:
+        """Inside a site (the targets fed by their common tree parent, which
+        feed nobody else), a pipelined chain instead of a star: the parent feeds
+        the first, each feeds the next over a direct link while it receives, so
+        the parent's uplink carries the file once, not once per child. A site
+        larger than chain_len gets several chains, interleaved. The members
+        after the first wait until they listen (bc_listening)."""
+        if self.chain_len < 2:
+            return
+        feeding = {m.feeder for m in t.members.values() if m.feeder != m.id}
+        sites: Dict[str, List[Member]] = {}
+        for m in t.members.values():
+            if (m.target and not m.source and m.feeder is not None and m.id not in feeding
+                    and m.feeder == m.id.rsplit(".", 1)[0]):
+                sites.setdefault(m.feeder, []).append(m)
+        for site in sites.values():
+            if len(site) < 2:
+                continue
+            site.sort(key=lambda m: _id_key(m.id))
+            k = -(-len(site) // self.chain_len)
+            now = time.monotonic()
+            for j in range(k):
+                chain = site[j::k]
+                for prev, m in zip(chain, chain[1:]):
+                    m.feeder, m.waiting, m.moved = prev.id, True, now
+
+    def on_listening(self, src: str, msg: Dict[str, Any]) -> None:
+        """A chain member listens: its feeder connects to it (or, if it could not
+        listen, it is fed along the tree)."""
+        t = self.transfers.get(msg["bc"])
+        m = t.members.get(src) if t is not None else None
+        if t is None or m is None or m.error or m.done or t.finished:
+            return
+        if msg["error"] or not msg["port"] or not msg["addrs"]:
+            self.head.write_log("bcast %d: %s cannot take a direct link (%s); fed along the tree"
+                                % (t.id, node_name(self.head.tree, src), msg["error"] or "no port"))
+            m.no_direct = True
+        else:
+            m.addr = (msg["port"], list(msg["addrs"]))
+        if m.waiting and m.feeder is not None:
+            if m.no_direct:
+                self._tree_feed(t, m)
+            else:
+                self._feed(t, m, m.feeder)
+
+    def on_nolink(self, src: str, msg: Dict[str, Any]) -> None:
+        """A feeder's direct link to a child failed: the child is fed along the tree."""
+        t = self.transfers.get(msg["bc"])
+        m = t.members.get(msg["child"]) if t is not None else None
+        if t is None or m is None or m.error or m.done or t.finished or m.feeder != src:
+            return
+        self.head.write_log("bcast %d: %s: %s; fed along the tree" % (
+            t.id, node_name(self.head.tree, m.id), msg["error"]))
+        m.no_direct = True
+        self._tree_feed(t, m)
+
+    def _tree_feed(self, t: Transfer, m: Member) -> None:
+        """Feed m from its neighbour towards the primary if that one holds or
+        gets the file, else from whichever holder _refeed finds."""
+        hop = _next_hop(m.id, t.primary)
+        hm = t.members.get(hop)
+        if (hm is not None and node_is_up(self.head.tree, hop)
+                and (hm.source or (not hm.error and hm.feeder is not None and not hm.waiting))):
+            old = m.feeder
+            if old is not None and old != hop and node_is_up(self.head.tree, old):
+                self.head.send(old, {"op": "bc_drop", "bc": t.id, "child": m.id})
+            self._feed(t, m, hop)
+        else:
+            self._refeed(t, m, avoid=m.feeder or "")
+
+    def _watch_later(self) -> None:
+        loop = getattr(self.head, "loop", None)
+        if loop is not None and not self.watching:
+            self.watching = True
+            loop.call_later(1.0, self._watch)
+
+    def _watch(self) -> None:
+        """Every second while transfers run: a receiver that fell behind
+        (STALL_SECONDS without progress while its feeder holds more, or
+        without answering that it listens) keeps its own feed, but the nodes it
+        feeds are fed by another holder."""
+        self.watching = False
+        now = time.monotonic()
+        for t in list(self.transfers.values()):
+            for m in list(t.members.values()):
+                fm = t.members.get(m.feeder or "")
+                if (m.source or m.done or m.error or m.stalled or fm is None
+                        or fm is m or now - m.moved < STALL_SECONDS
+                        or not (m.waiting or fm.source or fm.have > m.have)):
+                    continue
+                if m.waiting:       # it never said it listens: fed along the tree
+                    m.no_direct = True
+                    self._tree_feed(t, m)
+                fed = [c for c in t.members.values()
+                       if c.feeder == m.id and c is not m and not c.done and not c.error]
+                if not fed:
+                    continue
+                m.stalled = True
+                self.head.write_log("bcast %d: %s has not moved for %.0fs; feeding the nodes it "
+                                    "fed from another holder" % (
+                                        t.id, node_name(self.head.tree, m.id), now - m.moved))
+                for c in fed:
+                    self._refeed(t, c, avoid=m.id)
+        if self.transfers:
+            self._watch_later()
+
     def _feed(self, t: Transfer, m: Member, feeder: str) -> None:
         m.feeder = feeder
+        m.waiting = False
+        m.moved = max(m.moved, time.monotonic())
         msg: Dict[str, Any] = {"op": "bc_feed", "bc": t.id, "child": m.id, "start": m.have}
         if self.fault is not None and node_name(self.head.tree, m.id) == self.fault[0]:
             msg["corrupt"] = self.fault[1]
             self.fault = None
+        if (m.addr is not None and not m.no_direct and feeder != m.id
+                and _next_hop(m.id, feeder) != feeder):
+            # not a tree neighbour: over a direct link, not through the tree
+            msg["port"], msg["addrs"] = m.addr
+            if self.no_direct and node_name(self.head.tree, m.id) == self.no_direct:
+                msg["port"] = 1         # the test-only fault: nobody listens there
         self.head.send(feeder, msg)
 
     def on_state(self, src: str, msg: Dict[str, Any]) -> None:
@@ -255,7 +396,8 @@ class BcastService(Service):
         m = t.members.get(src) if t is not None else None
         if t is None or m is None or m.error or t.finished:
             return
-        m.have = max(m.have, msg["have"])
+        if msg["have"] > m.have:
+            m.have, m.moved, m.stalled = msg["have"], time.monotonic(), False
         if msg["error"]:
             self._fail(t, m, msg["error"])
         elif msg["bad"]:
@@ -299,6 +441,7 @@ class BcastService(Service):
             return False
         cands = [c for c in t.members.values()
                  if c is not m and node_is_up(self.head.tree, c.id) and not fed_through(c)
+                 and not c.stalled
                  and (c.source or (not c.error and c.feeder is not None))]
         cands.sort(key=lambda c: (c.id == avoid, not c.source, -c.have, _depth(c.id)))
         if not cands:

@@ -33,7 +33,8 @@ PROCESS_TAG = "gxp-agent"
 AGENT_MODULES: List[str] = [
     "gxpstyle.serializer", "gxpstyle.schema", "gxpstyle.wire", "gxpstyle.event_loop", "gxpstyle.links",
     "gxpstyle.job_spawn", "gxpstyle.job_runner", "gxpstyle.channels", "gxpstyle.link_auth",
-    "gxpstyle.bootstrap", "gxpstyle.child_bootstrap", "gxpstyle.batch_start", "gxpstyle.bcast_agent",
+    "gxpstyle.bootstrap", "gxpstyle.child_bootstrap", "gxpstyle.batch_start", "gxpstyle.bcast_link",
+    "gxpstyle.bcast_agent",
     "gxpstyle.agent",
 ]
 

@@ -409,8 +409,10 @@ CORE: Dict[str, Verb] = {v.name: v for v in (
          check=check_bcast,
          description="gxpc bcast SRC DEST: copy SRC (a file here, or NODE:PATH on a node; a "
          "pattern for NODE names identical copies, used if one fails) to DEST on every selected "
-         "node. Chunks are forwarded along the explored tree as they arrive and checked against "
-         "the source's SHA-256; DEST appears only complete and verified (written under a hidden "
+         "node. Chunks are forwarded along the explored tree as they arrive, and the nodes of one "
+         "site (the children of one parent) pass them on in a chain over direct TCP/TLS links "
+         "between them; each chunk is checked against the source's SHA-256; DEST appears only "
+         "complete and verified (written under a hidden "
          "temporary name, then renamed). DEST ending in / or naming a directory gets SRC's name. "
          "Exit 1 names each node that failed, with its reason.",
          args=[Arg("src", metavar="SRC"), Arg("dest", metavar="DEST")],

@@ -366,6 +366,12 @@ class Head(Node):
     def op_bc_state(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         self.bcast.on_state(src, msg)
 
+    def op_bc_listening(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        self.bcast.on_listening(src, msg)
+
+    def op_bc_nolink(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        self.bcast.on_nolink(src, msg)
+
     def op_done(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         self.job_table.done(src, msg["client"], msg["job"], msg["status"], msg["error"])
 

@@ -179,9 +179,16 @@ SCHEMA: Dict[str, Rec] = {
                      open=True),
     "bc_plan": Rec({"bc": _JOB, "size": Int(0, 1 << 62), "mode": Int(0, 0o7777),
                     "sha256": Str(64), "chunk": Int(1 << 12, 1 << 21), "dest": Str(4096),
-                    "name": Str(4096)}, {"chunks_sha256": Str(64)}, open=True),
+                    "name": Str(4096)}, {"chunks_sha256": Str(64), "listen": Bool()}, open=True),
+    # listen: open a direct-link listener (bcast_link.py) and answer bc_listening;
+    # a bc_feed with a port feeds the child over a direct link to it, and a
+    # feeder whose direct link fails or closes says so (bc_nolink)
+    "bc_listening": Rec({"bc": _JOB, "port": Int(0, 65535), "addrs": ListOf(Str(64), 16),
+                         "error": _TEXT}, open=True),
     "bc_feed": Rec({"bc": _JOB, "child": _ID, "start": Int(0, 1 << 40)},
-                   {"corrupt": Int(-1, 1 << 40)}, open=True),
+                   {"corrupt": Int(-1, 1 << 40), "port": Int(0, 65535),
+                    "addrs": ListOf(Str(64), 16)}, open=True),
+    "bc_nolink": Rec({"bc": _JOB, "child": _ID, "error": _TEXT}, open=True),
     "bc_drop": Rec({"bc": _JOB, "child": _ID}, open=True),
     "bc_chunk": Rec({"bc": _JOB, "index": Int(0, 1 << 40), "data": Bytes(MAX_FRAME),
                      "sha256": Bytes(32)}, open=True),

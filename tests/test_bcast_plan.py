@@ -28,9 +28,12 @@ class FakeHead:
         return out
 
 
-def started(sources, targets):
+def started(sources, targets, chain_len=0):
+    """A transfer planned; chain_len 0 plans without chains inside sites (the
+    tree alone), as the tests of the tree's repairs want."""
     head = FakeHead()
     svc = BcastService(head)
+    svc.chain_len = chain_len
     done = []
     t = svc.start(sources, "/data/f", targets, "/scratch/f", done.append)
     assert sorted(d for d, _ in head.take("bc_open")) == sorted(sources)
@@ -108,3 +111,87 @@ def test_no_source_at_all_fails_the_transfer_with_the_reason():
                           "error": "/nope: No such file or directory (ENOENT)", "size": 0, "mode": 0,
                           "sha256": ""})
     assert done == [t] and t.error == "/nope: No such file or directory (ENOENT)"
+
+
+def listening(svc, t, nid, port=4000, error=""):
+    svc.on_listening(nid, {"op": "bc_listening", "bc": t.id, "port": 0 if error else port,
+                           "addrs": [] if error else ["10.0.0.%s" % nid.split(".")[-1]],
+                           "error": error})
+
+
+def test_a_site_is_fed_as_a_chain_each_member_feeding_the_next_over_a_direct_link():
+    head, svc, t, done = started(["0"], ["0.1", "0.2", "0.3"], chain_len=8)
+    assert feeds(head) == {"0.1": ("0", 0)}           # the others wait until they listen
+    listens = {d: m["listen"] for d, m in head.take("bc_plan")}
+    assert listens == {"0.1": False, "0.2": True, "0.3": True}
+    listening(svc, t, "0.3")
+    listening(svc, t, "0.2")
+    sent = {m["child"]: (d, m.get("port"), m.get("addrs")) for d, m in head.take("bc_feed")}
+    assert sent == {"0.2": ("0.1", 4000, ["10.0.0.2"]), "0.3": ("0.2", 4000, ["10.0.0.3"])}
+
+
+def test_a_large_site_gets_interleaved_chains():
+    head, svc, t, done = started(["0"], ["0.1", "0.2", "0.3"], chain_len=2)
+    for nid in ("0.2", "0.3"):
+        listening(svc, t, nid)
+    assert feeds(head) == {"0.1": ("0", 0), "0.2": ("0", 0), "0.3": ("0.1", 0)}
+
+
+def test_a_member_that_cannot_listen_or_be_reached_is_fed_by_its_tree_parent():
+    head, svc, t, done = started(["0"], ["0.1", "0.2", "0.3"], chain_len=8)
+    feeds(head)
+    listening(svc, t, "0.2", error="listener: Too many open files (EMFILE)")
+    assert feeds(head) == {"0.2": ("0", 0)}
+    listening(svc, t, "0.3")
+    assert feeds(head) == {"0.3": ("0.2", 0)}
+    svc.on_state("0.3", {"op": "bc_state", "bc": t.id, "have": 3, "done": False, "error": "",
+                         "bad": ""})
+    svc.on_nolink("0.2", {"op": "bc_nolink", "bc": t.id, "child": "0.3",
+                          "error": "direct link to 10.0.0.3:4000: Connection refused"})
+    sent = [(d, m["child"], m["start"], m.get("port")) for d, m in head.take("bc_feed")]
+    assert sent == [("0", "0.3", 3, None)]            # along the tree, from where it stands
+    assert any("Connection refused" in line for line in head.logs)
+
+
+def test_a_middle_chain_member_lost_its_successor_is_fed_again_from_a_holder():
+    head, svc, t, done = started(["0"], ["0.1", "0.2", "0.3"], chain_len=8)
+    for nid in ("0.2", "0.3"):
+        listening(svc, t, nid)
+    feeds(head)
+    svc.on_state("0.3", {"op": "bc_state", "bc": t.id, "have": 7, "done": False, "error": "",
+                         "bad": ""})
+    head.tree["0.2"].state = "lost"
+    svc.node_lost("0.2", "link closed")
+    assert feeds(head) == {"0.3": ("0", 7)}
+    assert t.members["0.2"].error.startswith("node lost")
+
+
+def test_a_chain_member_that_falls_behind_has_the_nodes_it_feeds_fed_by_another_holder():
+    head, svc, t, done = started(["0"], ["0.1", "0.2", "0.3"], chain_len=8)
+    for nid in ("0.2", "0.3"):
+        listening(svc, t, nid)
+    feeds(head)
+    for nid, have in (("0.1", 30), ("0.2", 12), ("0.3", 12)):
+        svc.on_state(nid, {"op": "bc_state", "bc": t.id, "have": have, "done": False, "error": "",
+                           "bad": ""})
+    svc._watch()
+    assert feeds(head) == {}                            # nobody has been still for long
+    t.members["0.2"].moved -= 60                        # 0.2 stopped; 0.1 holds more
+    t.members["0.3"].moved -= 60                        # (0.3 waits for 0.2: not behind it)
+    svc._watch()
+    assert feeds(head) == {"0.3": ("0", 12)}
+    assert [(d, m["child"]) for d, m in head.take("bc_drop")] == [("0.2", "0.3")]
+    svc._watch()
+    assert feeds(head) == {}                            # once, not every second
+
+
+def test_a_chain_member_that_never_says_it_listens_is_fed_along_the_tree_and_so_is_the_next():
+    head, svc, t, done = started(["0"], ["0.1", "0.2", "0.3"], chain_len=8)
+    listening(svc, t, "0.3")                            # 0.2 is stopped: it never answers
+    assert feeds(head) == {"0.1": ("0", 0), "0.3": ("0.2", 0)}
+    svc._watch()
+    assert feeds(head) == {}
+    for nid in ("0.2", "0.3"):
+        t.members[nid].moved -= 60
+    svc._watch()
+    assert feeds(head) == {"0.2": ("0", 0), "0.3": ("0", 0)}

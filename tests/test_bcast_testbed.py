@@ -137,7 +137,8 @@ def test_bcast_reaches_every_host_complete_never_partial_in_bounded_memory(bed, 
 
 def test_a_node_that_falls_behind_stalls_nobody_else(bed, make_gxp):
     """tc04's agent is stopped (SIGSTOP) before the transfer: every other host
-    gets the whole file meanwhile; tc04 gets it once it runs again."""
+    gets the whole file meanwhile (tc05, after it in the chain, from another
+    holder once the head sees tc04 still); tc04 gets it once it runs again."""
     user = next(iter(bed.users))
     g = make_gxp(bed=bed, user=user)
     pids = explore(g)
@@ -233,7 +234,8 @@ def test_a_corrupted_chunk_is_detected_and_fetched_again(bed, make_gxp):
         assert sha256_of(os.path.join(scratch_of(bed, h), "b4", "copy")) == want, h
     with open(os.path.join(g.session_dir, "gxpd.log")) as f:
         log = f.read()
-    assert "got a bad chunk 5 from 0" in log, log[-2000:]
+    # tc03 is fed by tc02 in the chain of the head's children (0.2 -> 0.3)
+    assert "got a bad chunk 5 from 0.2" in log, log[-2000:]
 
 
 def test_a_full_disk_names_its_node_and_enospc(bed, make_gxp):
@@ -257,3 +259,81 @@ def test_a_full_disk_names_its_node_and_enospc(bed, make_gxp):
         assert left == "", left
     finally:
         host.exec(["umount", "-l", dest_dir])
+
+
+def listeners(bed) -> dict:
+    """Listening TCP sockets on each host other than sshd's (port 22)."""
+    out = {}
+    for h in HOSTS:
+        r = bed.host(h).exec(["ss", "-Htln"], capture_output=True, text=True, check=True)
+        socks = [line for line in r.stdout.splitlines() if not line.split()[3].endswith(":22")]
+        if socks:
+            out[h] = socks
+    return out
+
+
+def test_a_site_is_fed_as_a_chain_over_direct_links_that_are_closed_after(bed, make_gxp):
+    """The head's 8 children: the head feeds tc01, each feeds the next over a
+    direct link (the result's plan says who fed whom); after the transfer no
+    listener is left on any host."""
+    user = next(iter(bed.users))
+    g = make_gxp(bed=bed, user=user)
+    explore(g)
+    assert listeners(bed) == {}
+    dest_dir = setup_dirs(bed, user, "b7")
+    src = "/tmp/bcsrc-%s" % g.new_tag()
+    want = make_file(src, 16 * MIB, user)
+    r = g.run("bcast", "--hosts", "tc*", src, dest_dir + "/copy", timeout=300)
+    assert r.returncode == 0, r.stderr
+    for h in HOSTS:
+        assert sha256_of(os.path.join(scratch_of(bed, h), "b7", "copy")) == want, h
+    with open(os.path.join(g.session_dir, "gxpd.log")) as f:
+        log = f.read()
+    assert "fed along the tree" not in log, log[-2000:]
+    deadline = time.monotonic() + 10
+    while listeners(bed) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert listeners(bed) == {}
+
+
+def test_killing_a_middle_node_of_the_chain_completes_for_every_other_node(bed, make_gxp):
+    user = next(iter(bed.users))
+    g = make_gxp(bed=bed, user=user)
+    pids = explore(g)
+    dest_dir = setup_dirs(bed, user, "b8")
+    src = "/tmp/bcsrc-%s" % g.new_tag()
+    want = make_file(src, 32 * MIB, user)
+    p = g.popen("bcast", "--hosts", "tc*", src, dest_dir + "/copy")
+    wait_until_receiving(bed, "tc05", "b8")
+    time.sleep(0.7)
+    os.kill(pids["tc04"], signal.SIGKILL)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 1, err
+    failed = [line for line in err.splitlines() if not line.startswith("bcast:")]
+    assert len(failed) == 1 and failed[0].startswith("tc04: node lost"), err
+    for h in HOSTS:
+        if h != "tc04":
+            assert sha256_of(os.path.join(scratch_of(bed, h), "b8", "copy")) == want, (h, err)
+    # only the killed node's hidden temporary stays (SIGKILL: nobody there to remove it)
+    assert [h for h, _ in temps_left(bed, "b8")] in ([], ["tc04"])
+    assert not os.path.exists(os.path.join(scratch_of(bed, "tc04"), "b8", "copy"))
+
+
+def test_a_refused_direct_connection_falls_back_to_the_tree_parent(bed, make_gxp):
+    """The test-only fault gives tc05's feeder a port nobody listens on: the
+    connection is refused, the head feeds tc05 along the tree, and everyone
+    (tc06..tc08 after it in the chain too) gets the whole file."""
+    user = next(iter(bed.users))
+    g = make_gxp(bed=bed, user=user)
+    g.ok("use", "ssh", "head", "tc*", env={"GXP_TEST_BCAST_NO_DIRECT": "tc05"})
+    g.ok("explore", "tc[[01-08]]")
+    dest_dir = setup_dirs(bed, user, "b9")
+    src = "/tmp/bcsrc-%s" % g.new_tag()
+    want = make_file(src, 8 * MIB, user)
+    r = g.run("bcast", "--hosts", "tc*", src, dest_dir + "/copy", timeout=300)
+    assert r.returncode == 0, r.stderr
+    for h in HOSTS:
+        assert sha256_of(os.path.join(scratch_of(bed, h), "b9", "copy")) == want, h
+    with open(os.path.join(g.session_dir, "gxpd.log")) as f:
+        log = f.read()
+    assert "tc05: direct link to" in log and "fed along the tree" in log, log[-2000:]

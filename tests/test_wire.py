@@ -137,9 +137,11 @@ def test_payload_built_by_the_head_is_taken_only_for_our_interpreter():
 # the budgets leave room to grow a little, not to double, and the mount code
 # (three times the agent's own) can never fold into them. Since then the node
 # side of `gxpc bcast` and posix_spawn for jobs joined: 42.3 KB as source,
-# 133 KB precompiled (docstrings left out).
+# 133 KB precompiled (docstrings left out). Then the transfers' direct links
+# between siblings (bcast_link.py, a chain inside a site): 47.3 KB as source,
+# 148 KB precompiled.
 STAGE1_BUDGET = 1024
-PAYLOAD_BUDGET = {"source": 44 << 10, "precompiled": 136 << 10}
+PAYLOAD_BUDGET = {"source": 48 << 10, "precompiled": 149 << 10}
 
 
 def test_bootstrap_stays_within_its_byte_budget():
