@@ -121,17 +121,19 @@ def main(argv=None) -> int:
         mounted.append(bmnt)
         subprocess.run([sshfsm, src, omnt], check=True)
         mounted.append(omnt)
+        fns = {"read8": lambda d: read_all(d, READERS), "read1": lambda d: read_all(d, 1),
+               "stat": stat_all}
+        systems = [("local", src), ("bindfs", bmnt), ("sshfsm", omnt)]
         for rep in range(a.reps):
-            for name, d in (("local", src), ("bindfs", bmnt), ("sshfsm", omnt)):
-                for case, fn in (("read8", lambda d=d: read_all(d, READERS)),
-                                 ("read1", lambda d=d: read_all(d, 1)),
-                                 ("stat", lambda d=d: stat_all(d))):
-                    if case not in cases:
-                        continue
+            # one case at a time, the three file systems back to back (each
+            # case's samples close in time), in turns reversed every rep (no
+            # file system always runs first after the disk's own pass)
+            for case in cases:
+                for name, d in (systems if rep % 2 == 0 else systems[::-1]):
                     drop_caches()
                     pid = server_pid(d) if name != "local" else None
                     c0 = cpu_s(pid)
-                    samples.setdefault((case, name), []).append(fn())
+                    samples.setdefault((case, name), []).append(fns[case](d))
                     if case == "stat" and pid is not None:
                         samples.setdefault(("cpu", name), []).append((cpu_s(pid) - c0) / FILES * 1e6)
             print("  rep %d done" % (rep + 1), file=sys.stderr)
@@ -146,6 +148,9 @@ def main(argv=None) -> int:
     for case in cases:
         l, b, o = med[(case, "local")], med[(case, "bindfs")], med[(case, "sshfsm")]
         print("%-12s %12.0f %12.0f %12.0f %14.2f %14.2f %14.2f" % (units[case], l, b, o, b / l, o / l, o / b))
+    print("spread (min-max of the reps, as a share of the median): " + ", ".join(
+        "%s %s %.0f%%" % (case, name, 100 * (max(v) - min(v)) / statistics.median(v))
+        for (case, name), v in sorted(samples.items()) if case in cases and name != "local"))
     if ("cpu", "sshfsm") in med and ("cpu", "bindfs") in med:
         print("server CPU per cold stat (utime+stime): bindfs %.0f us, sshfsm %.0f us"
               % (med[("cpu", "bindfs")], med[("cpu", "sshfsm")]))

@@ -222,9 +222,11 @@ class LocalBranch(Branch):
         self._umask = _process_umask()
         # stat_into's open parent directory, one per FUSE thread (so no fd is
         # closed while another thread stats in it): [dir, fd, generation,
-        # deadline]; every such list, to close them with the branch
+        # deadline, thread id]; every such list, to close them with the
+        # branch or when their thread has gone (libfuse ends idle workers)
         self._parent = threading.local()
         self._parents: "List[List[Any]]" = []
+        self._parents_lock = threading.Lock()
         self._generations = itertools.count(1)     # next() is atomic
         self._generation = 0       # changed by rename and rmdir: parents reopen
 
@@ -371,13 +373,32 @@ class LocalBranch(Branch):
         """This thread's open parent directory is now `d` (fd), the one it
         had before is closed: only this thread ever uses its own."""
         if kept is None:
-            kept = [b"", -1, 0, 0.0]
+            kept = [b"", -1, 0, 0.0, threading.get_native_id()]
             self._parent.kept = kept
-            self._parents.append(kept)
+            with self._parents_lock:
+                self._close_gone_threads_parents()
+                self._parents.append(kept)
         old = kept[1]
-        kept[:] = [d, fd, generation, _monotonic() + PARENT_SECONDS]
+        kept[:4] = [d, fd, generation, _monotonic() + PARENT_SECONDS]
         if old >= 0:
             os.close(old)
+
+    def _close_gone_threads_parents(self) -> None:
+        """libfuse ends a worker thread that finds too many idle ones and
+        starts new ones in a burst: each new thread keeps a parent of its
+        own, so the kept parents of threads that have ended are closed here
+        (a thread that has ended never uses its fd again; without this, a
+        busy mount ran out of file descriptors). Linux only (/proc)."""
+        if not os.path.isdir("/proc/self/task"):
+            return
+        live = []
+        for k in self._parents:
+            if os.path.exists("/proc/self/task/%d" % k[4]):
+                live.append(k)
+            elif k[1] >= 0:
+                fd, k[1] = k[1], -1
+                os.close(fd)
+        self._parents[:] = live
 
     def _forget_parents(self) -> None:
         """A directory was renamed or removed through the branch (called

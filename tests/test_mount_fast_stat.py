@@ -156,10 +156,13 @@ def test_kept_parents_are_per_thread_and_closed_with_the_branch(tmp_path):
     before = len(os.listdir("/proc/self/fd"))
     b = LocalBranch(str(root))
     results = []
+    both = threading.Barrier(2, timeout=30)    # both alive while each keeps one
 
     def storm(d):
+        both.wait()
         for _ in range(50):
             results.append(_stat(b, "/%s/f" % d)[1].st_size)
+        both.wait()
     threads = [threading.Thread(target=storm, args=(d,)) for d in ("a", "b")]
     for t in threads:
         t.start()
@@ -169,4 +172,25 @@ def test_kept_parents_are_per_thread_and_closed_with_the_branch(tmp_path):
     assert len(results) == 100
     assert len(b._parents) == 2           # one kept directory per thread
     b.close()
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_kept_parents_of_ended_threads_are_closed(tmp_path):
+    # libfuse ends idle workers and starts new ones: a thread per stat, one
+    # after another, must not leave one open directory each
+    import threading
+    root = tmp_path / "root"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "f").write_text("x")
+    before = len(os.listdir("/proc/self/fd"))
+    b = LocalBranch(str(root))
+    try:
+        for _ in range(30):
+            t = threading.Thread(target=_stat, args=(b, "/a/f"))
+            t.start()
+            t.join()
+        assert len(b._parents) <= 2
+        assert len(os.listdir("/proc/self/fd")) <= before + 3     # root fds, one kept parent
+    finally:
+        b.close()
     assert len(os.listdir("/proc/self/fd")) == before
