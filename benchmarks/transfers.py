@@ -29,6 +29,12 @@ targets (removed between cases), and each copy's SHA-256 is checked:
              (seconds, CPU-seconds per MB delivered, by process kind) is what
              any design moving the file from the head over ssh pays on this
              machine,
+  tcp chain  the least any pipelined chain can do (when socat is installed):
+             tb00 -> tb01 -> ... -> tbN over plain TCP, each host running
+             `socat TCP-LISTEN | tee FILE | socat TCP:NEXT` (C programs, no
+             encryption, no authentication, no checks, no recovery). Its time
+             at 32 hosts says what the machine's two CPUs allow a chain, not
+             what a design could,
   bcast      `gxpc bcast --hosts TARGETS tb00:FILE FILE` in a session that has
              explored tb00 and the targets. The explored tree is flat (every
              host is a child of the head): the chunks go tb00 -> head over the
@@ -146,6 +152,7 @@ class TransfersBench(Bench):
         self.targets = ["tb%02d" % i for i in range(1, max(self.counts) + 1)]
         self.rel = "bench.bin"
         self.daemon_env: dict = {}
+        self.socat = False
 
     def env(self) -> dict:
         return dict(super().env(), **self.daemon_env)
@@ -237,6 +244,23 @@ class TransfersBench(Bench):
             raise BenchError("ssh fan-out: ssh failed on %s" % ", ".join(bad))
         return time.monotonic() - t0
 
+    def tcp_chain(self, hosts: list) -> float:
+        """tb00 -> hosts[0] -> ... -> hosts[-1] over plain TCP with socat and
+        tee: every host listens, writes what arrives and passes it on while
+        it receives; the time until the last host has all of it."""
+        port = 20000 + int.from_bytes(os.urandom(2), "big") % 30000
+        cmds = []
+        for i, h in enumerate(hosts):
+            listen = "socat -u TCP-LISTEN:%d,reuseaddr STDOUT" % port
+            if i + 1 < len(hosts):
+                cmds.append((h, "%s | tee %s | socat -u STDIN TCP:%s:%d,retry=400,interval=0.05"
+                             % (listen, self.path(), hosts[i + 1], port)))
+            else:
+                cmds.append((h, "%s > %s" % (listen, self.path())))
+        cmds.append(("tb00", "socat -u OPEN:%s TCP:%s:%d,retry=400,interval=0.05"
+                     % (self.path(), hosts[0], port)))
+        return self.ssh_all(cmds)
+
     def bcast(self, hosts: list) -> float:
         pat = "tb[[01-%02d]]" % len(hosts)
         dt, r = self.gxpc("bcast", "--hosts", pat, "tb00:" + self.path(), self.path())
@@ -245,6 +269,10 @@ class TransfersBench(Bench):
     # -- the run ---------------------------------------------------------------------
     def setup(self) -> None:
         self.check_installed()
+        import shutil
+        self.socat = shutil.which("socat") is not None
+        if not self.socat:
+            log("  no socat: the tcp chain case is left out (apt-get install socat)")
         log("%s: test bed of %d hosts at %s ..." % (self.name, len(self.targets) + 1, BW))
         dt = self.bed_up(["tb00"] + self.targets, "gxpx", bw=BW)
         log("  up in %.0f s" % dt)
@@ -274,6 +302,8 @@ class TransfersBench(Bench):
                 if not self.opts.no_push_tree:
                     self.case("push tree %d" % n, hosts, self.push_tree, hosts)
                 self.case("ssh fanout %d" % n, hosts, self.ssh_fanout, hosts)
+                if self.socat:
+                    self.case("tcp chain %d" % n, hosts, self.tcp_chain, hosts)
                 self.case("bcast %d" % n, hosts, self.bcast, hosts)
         if self.opts.fanout:
             log("a deeper tree: --fanout %d" % self.opts.fanout)
@@ -359,6 +389,9 @@ class TransfersBench(Bench):
             if a is not None:
                 line += "; ssh fan-out (the transport alone) %.2fx S/B, bcast / ssh fan-out = %.2fx" % (
                     a / sb, b / a)
+            c = self.med("tcp chain %d" % n)
+            if c is not None:
+                line += "; plain TCP chain %.2fx S/B, bcast / it = %.2fx" % (c / sb, b / c)
             for k in self.opts.chain_len:
                 c = self.med("bcast chain%d %d" % (k, n))
                 if c is not None:
