@@ -138,42 +138,19 @@ class TlsLink(Link):
         if not outq and not self.closed:
             self.loop.remove_writer(self.wfd)
 
-    def close(self, why: str = "closed") -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.loop.forget(self.rfd)
+    def _close_fds(self) -> None:
         try:
-            self.tls.close()
+            self.tls.close()        # closes the socket's one descriptor, once
         except OSError:
             pass
-        self.outq.clear()
-        self.queued = 0
-        self.on_close(self, why)
-        if self.congested:
-            self._drained()
 
 
 class _Listener(link_auth.Listener):
     """link_auth's listener, handing over the TLS socket itself (no relay)."""
 
-    def _handshake(self, conn: "Any", addr: "Any") -> None:
-        try:
-            try:
-                label, tls = link_auth.server_handshake(conn, self.lookup_key, self.certfile,
-                                                        self.keyfile, self.pin,
-                                                        self.handshake_seconds)
-            except (link_auth.AuthError, OSError, ValueError) as e:
-                try:
-                    conn.close()
-                except OSError:
-                    pass
-                self.on_refused(addr, str(e) or e.__class__.__name__)
-                return
-            tls.settimeout(None)
-            self.on_link(label, tls, None)
-        finally:
-            self.slots.release()
+    def _accepted(self, peer: "Any", addr: "Any") -> None:
+        label, tls = peer
+        self.on_link(label, tls, None)
 
 
 class DirectLinks:

@@ -293,11 +293,25 @@ class Listener(object):
                 continue
             threading.Thread(target=self._handshake, args=(conn, addr), daemon=True).start()
 
+    def _authenticate(self, conn):
+        """What _accepted gets for a peer that proved the key: (label, TLS
+        socket, blocking). Raises AuthError, OSError or ValueError."""
+        label, tls = server_handshake(conn, self.lookup_key, self.certfile,
+                                      self.keyfile, self.pin, self.handshake_seconds)
+        tls.settimeout(None)
+        return label, tls
+
+    def _accepted(self, peer, addr):
+        """A peer that passed: its TLS relayed to a plain descriptor pair."""
+        label, tls = peer
+        rfd, wfd = start_relay(tls)
+        self.on_link(label, rfd, wfd)
+
     def _handshake(self, conn, addr):
+        # one slot per handshake in progress (MAX_HANDSHAKES), not per link
         try:
             try:
-                label, tls = server_handshake(conn, self.lookup_key, self.certfile,
-                                              self.keyfile, self.pin, self.handshake_seconds)
+                peer = self._authenticate(conn)
             except (AuthError, OSError, ValueError) as e:
                 try:
                     conn.close()
@@ -305,11 +319,9 @@ class Listener(object):
                     pass
                 self.on_refused(addr, str(e) or e.__class__.__name__)
                 return
-            tls.settimeout(None)
-            rfd, wfd = start_relay(tls)
-            self.on_link(label, rfd, wfd)
         finally:
             self.slots.release()
+        self._accepted(peer, addr)
 
     def close(self):
         self.closed = True

@@ -198,16 +198,19 @@ class Link:
         self.closed = True
         self.loop.forget(self.rfd)
         self.loop.forget(self.wfd)
-        for fd in {self.rfd, self.wfd}:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._close_fds()
         self.outq.clear()
         self.queued = 0
         self.on_close(self, why)
         if self.congested:
             self._drained()     # whoever waits on us must not wait forever
+
+    def _close_fds(self) -> None:
+        for fd in {self.rfd, self.wfd}:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def frame_with_prefix(frame_body: bytes) -> bytes:

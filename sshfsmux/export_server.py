@@ -66,19 +66,11 @@ class _Listener(link_auth.Listener):
         self.server = server
         link_auth.Listener.__init__(self, **kw)
 
-    def _handshake(self, conn: Any, addr: Any) -> None:
-        try:
-            try:
-                sock, macs = self.server._authenticate(conn, self.handshake_seconds)
-            except (link_auth.AuthError, OSError, ValueError) as e:
-                try:
-                    conn.close()
-                except OSError:
-                    pass
-                self.on_refused(addr, str(e) or e.__class__.__name__)
-                return
-        finally:
-            self.slots.release()
+    def _authenticate(self, conn: Any) -> Any:
+        return self.server._authenticate(conn, self.handshake_seconds)
+
+    def _accepted(self, peer: Any, addr: Any) -> None:
+        sock, macs = peer
         self.server._serve(sock, macs, addr)
 
 

@@ -218,22 +218,29 @@ def test_middle_node_killed_the_others_complete(bed, make_gxp):
         assert not os.path.exists(os.path.join(scratch_of(bed, h), "b3", "copy")), h
 
 
-def test_a_corrupted_chunk_is_detected_and_fetched_again(bed, make_gxp):
+def bcast_with_fault(bed, make_gxp, fault: dict, tag: str) -> str:
+    """An 8 MiB bcast to every host in a session whose daemon starts with a
+    test-only fault in its environment; every copy must be whole. The
+    daemon's log."""
     user = next(iter(bed.users))
     g = make_gxp(bed=bed, user=user)
-    # The daemon's own environment (from the gxpc that starts it) holds the
-    # test-only fault: chunk 5 to tc03 has a byte flipped once.
-    g.ok("use", "ssh", "head", "tc*", env={"GXP_TEST_BCAST_CORRUPT": "tc03:5"})
+    # The daemon's own environment (from the gxpc that starts it) holds the fault.
+    g.ok("use", "ssh", "head", "tc*", env=fault)
     g.ok("explore", "tc[[01-08]]")
-    dest_dir = setup_dirs(bed, user, "b4")
+    dest_dir = setup_dirs(bed, user, tag)
     src = "/tmp/bcsrc-%s" % g.new_tag()
     want = make_file(src, 8 * MIB, user)
     r = g.run("bcast", "--hosts", "tc*", src, dest_dir + "/copy", timeout=300)
     assert r.returncode == 0, r.stderr
     for h in HOSTS:
-        assert sha256_of(os.path.join(scratch_of(bed, h), "b4", "copy")) == want, h
+        assert sha256_of(os.path.join(scratch_of(bed, h), tag, "copy")) == want, h
     with open(os.path.join(g.session_dir, "gxpd.log")) as f:
-        log = f.read()
+        return f.read()
+
+
+def test_a_corrupted_chunk_is_detected_and_fetched_again(bed, make_gxp):
+    # chunk 5 to tc03 has a byte flipped once
+    log = bcast_with_fault(bed, make_gxp, {"GXP_TEST_BCAST_CORRUPT": "tc03:5"}, "b4")
     # tc03 is fed by tc02 in the chain of the head's children (0.2 -> 0.3)
     assert "got a bad chunk 5 from 0.2" in log, log[-2000:]
 
@@ -323,17 +330,5 @@ def test_a_refused_direct_connection_falls_back_to_the_tree_parent(bed, make_gxp
     """The test-only fault gives tc05's feeder a port nobody listens on: the
     connection is refused, the head feeds tc05 along the tree, and everyone
     (tc06..tc08 after it in the chain too) gets the whole file."""
-    user = next(iter(bed.users))
-    g = make_gxp(bed=bed, user=user)
-    g.ok("use", "ssh", "head", "tc*", env={"GXP_TEST_BCAST_NO_DIRECT": "tc05"})
-    g.ok("explore", "tc[[01-08]]")
-    dest_dir = setup_dirs(bed, user, "b9")
-    src = "/tmp/bcsrc-%s" % g.new_tag()
-    want = make_file(src, 8 * MIB, user)
-    r = g.run("bcast", "--hosts", "tc*", src, dest_dir + "/copy", timeout=300)
-    assert r.returncode == 0, r.stderr
-    for h in HOSTS:
-        assert sha256_of(os.path.join(scratch_of(bed, h), "b9", "copy")) == want, h
-    with open(os.path.join(g.session_dir, "gxpd.log")) as f:
-        log = f.read()
+    log = bcast_with_fault(bed, make_gxp, {"GXP_TEST_BCAST_NO_DIRECT": "tc05"}, "b9")
     assert "tc05: direct link to" in log and "fed along the tree" in log, log[-2000:]
