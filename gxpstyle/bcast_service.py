@@ -197,13 +197,10 @@ class BcastService(Service):
             chain.append(t.members.get(x) or Member(x, relay=True))
         for a, b in zip(chain, path):
             a.feeder = b
-        name = os.path.basename(t.path.rstrip("/")) or "file"
         for m in chain:
             if m.id not in t.members:
                 t.members[m.id] = m
-                self.head.send(m.id, {"op": "bc_plan", "bc": t.id, "size": t.size, "mode": t.mode,
-                                      "sha256": t.sha, "chunks_sha256": t.chunks_sha, "chunk": CHUNK,
-                                      "dest": t.dests[m.id] if m.target else "", "name": name})
+                self._send_plan(t, m)
         for m in reversed(chain):
             self._feed(t, m, m.feeder or "")
         return True
@@ -253,13 +250,9 @@ class BcastService(Service):
         self._chain_sites(t)
         t.dest = t.dest.replace("{sha256}", t.sha)
         t.dests = {k: v.replace("{sha256}", t.sha) for k, v in t.dests.items()}
-        name = os.path.basename(t.path.rstrip("/")) or "file"
         for m in t.members.values():
             if m.target or m.relay:
-                self.head.send(m.id, {"op": "bc_plan", "bc": t.id, "size": t.size, "mode": t.mode,
-                                      "sha256": t.sha, "chunks_sha256": t.chunks_sha, "chunk": CHUNK,
-                                      "dest": t.dests.get(m.id, t.dest) if m.target else "",
-                                      "name": name, "listen": m.waiting})
+                self._send_plan(t, m)
         for m in list(t.members.values()):
             if m.feeder is not None and not m.waiting:
                 self._feed(t, m, m.feeder)
@@ -268,6 +261,15 @@ class BcastService(Service):
                 self._fail(t, m, "node lost: %s" % self.head.tree[m.id].reason
                            if m.id in self.head.tree else "node lost")
         self._check_done(t)
+
+    def _send_plan(self, t: Transfer, m: Member) -> None:
+        """Tell a receiver (target or relay) what it gets: size, mode, hashes,
+        its DEST (a relay: none), and whether to listen for a chain feeder."""
+        self.head.send(m.id, {"op": "bc_plan", "bc": t.id, "size": t.size, "mode": t.mode,
+                              "sha256": t.sha, "chunks_sha256": t.chunks_sha, "chunk": CHUNK,
+                              "dest": t.dests.get(m.id, t.dest) if m.target else "",
+                              "name": os.path.basename(t.path.rstrip("/")) or "file",
+                              "listen": m.waiting})
 
     def _chain_sites(self, t: Transfer) -> None:
         """Inside a site (the targets fed by their common tree parent, which
