@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from gxpstyle.schema import Bool, Int, ListOf, MapOf, Opt, Rec, Str
 from gxpstyle.services import Service, Verb
 from make_backend.placement import Hints, NodeView, Placement
-from make_backend.scheduler import MakeScheduler
+from make_backend.slot_books import SlotBooks
 from make_backend.transfer_plan import INF, TransferPlanner
 
 _PATH = Str(1 << 16)
@@ -61,7 +61,7 @@ class MakeService(Service):
 
     def __init__(self, head: Any) -> None:
         super().__init__(head)
-        self.scheduler = MakeScheduler()
+        self.slot_books = SlotBooks()
         self.placement = Placement()
         self.envs: Dict[str, Dict[str, Optional[str]]] = {}   # client -> its make's environment
         self.waiting: List[Waiting] = []
@@ -99,7 +99,7 @@ class MakeService(Service):
         for key in [k for k in self.settling if k[0] == client]:
             del self.settling[key]
         for key in self.transfers.client_closed(client):   # recipes that never started
-            self.scheduler.finished(key)
+            self.slot_books.finished(key)
         for key in [k for k in self.started if k[0] == client]:
             del self.started[key]
 
@@ -128,7 +128,7 @@ class MakeService(Service):
             return True
         slots = int(args.get("slots") or 1)
         views = [NodeView(n, head.tree[n].names(), head.tree[n].hostname, head.tree[n].slots,
-                          self.scheduler.running.get(n, 0)) for n in nodes]
+                          self.slot_books.running.get(n, 0)) for n in nodes]
         held_by_node, total = head.catalog.bytes_by_node(args.get("inputs") or [])
         held: Dict[str, int] = {}
         for holder, nbytes in held_by_node.items():
@@ -195,7 +195,7 @@ class MakeService(Service):
         if settle:
             self.paths[(cid, job)] = paths
             self.settling[(cid, job)] = Settling()
-        self.scheduler.started((cid, job), nid, slots)
+        self.slot_books.started((cid, job), nid, slots)
 
         def start() -> None:      # once the inputs it lacks are on its node
             info = head.tree.get(nid)
@@ -242,7 +242,7 @@ class MakeService(Service):
     def job_done(self, client: str, job: int, node: str, status: int, error: str) -> None:
         key = (client, job)
         self.transfers.release(key)
-        ran = self.scheduler.finished(key)
+        ran = self.slot_books.finished(key)
         if ran is not None and status == 0:
             self.placement.observe(ran)      # the SOFT delay follows run times
         traced = self.started.pop(key, None)

@@ -155,7 +155,7 @@ def _client_call(gxp, verb):
     return json.loads(r.stdout)
 
 
-def test_cpus_reach_the_scheduler_and_make_fills_by_slots(gxp, shared_tmp):  # noqa: F811
+def test_cpus_reach_the_slot_books_and_make_fills_by_slots(gxp, shared_tmp):  # noqa: F811
     """Agents report the CPUs they may use; a -j make fills nodes by slots."""
     if len(os.sched_getaffinity(0)) < 2 or not shutil.which("taskset"):
         pytest.skip("needs 2 CPUs and taskset")

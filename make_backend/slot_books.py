@@ -1,8 +1,8 @@
-"""The head's choice of node for each `gxpc make` recipe.
+"""The slots each node's `gxpc make` recipes take, and how long each ran.
 
-GNU make decides *what* runs and *when* (the DAG, -j); the head decides *where*.
-These are the books (slots each node's recipes take); the choice itself,
-input bytes from the replica catalog against load, is placement.py's.
+GNU make decides *what* runs and *when* (the DAG, -j); the head decides *where*:
+placement.py makes that choice (input bytes from the replica catalog against
+load), reading these books for load. Nothing here picks a node.
 
 Head-only; no I/O here: the daemon sends the messages.
 """
@@ -12,7 +12,7 @@ import time
 from typing import Dict, Optional, Tuple
 
 
-class MakeScheduler:
+class SlotBooks:
     def __init__(self) -> None:
         self.running: Dict[str, int] = {}                       # node id -> slots its recipes take
         # (client, job) -> (node id, slots, when it started)
