@@ -175,75 +175,9 @@ class _Decoder(object):
             self.pos = pos + 8
             return _unpack_i64(data, pos)[0]
         if tag == 0x6D:  # m
-            if pos + 4 > end:
-                raise DecodeError("truncated value")
-            n = _unpack_u32(data, pos)[0]
-            pos += 4
-            if pos + 2 * n > end:
-                raise DecodeError("truncated value")
-            result = {}
-            value = self.value
-            if depth + 1 > MAX_DEPTH:
-                for _ in range(n):
-                    key = value(pos, depth + 1)
-                    if isinstance(key, (list, dict)):
-                        raise DecodeError("unhashable dict key")
-                    result[key] = value(self.pos, depth + 1)
-                    pos = self.pos
-                self.pos = pos
-                return result
-            # str keys and str values inline (the common case: environments);
-            # the same checks and item budget as value() itself.
-            for _ in range(n):
-                if pos < end and data[pos] == 0x73:
-                    self.budget -= 1
-                    if self.budget < 0:
-                        raise DecodeError("too many items")
-                    if pos + 5 > end:
-                        raise DecodeError("truncated value")
-                    k = _unpack_u32(data, pos + 1)[0]
-                    pos += 5
-                    if pos + k > end:
-                        raise DecodeError("truncated value")
-                    key = data[pos:pos + k].decode("utf-8", "surrogateescape")
-                    pos += k
-                else:
-                    key = value(pos, depth + 1)
-                    if isinstance(key, (list, dict)):
-                        raise DecodeError("unhashable dict key")
-                    pos = self.pos
-                if pos < end and data[pos] == 0x73:
-                    self.budget -= 1
-                    if self.budget < 0:
-                        raise DecodeError("too many items")
-                    if pos + 5 > end:
-                        raise DecodeError("truncated value")
-                    k = _unpack_u32(data, pos + 1)[0]
-                    pos += 5
-                    if pos + k > end:
-                        raise DecodeError("truncated value")
-                    result[key] = data[pos:pos + k].decode("utf-8", "surrogateescape")
-                    pos += k
-                else:
-                    result[key] = value(pos, depth + 1)
-                    pos = self.pos
-            self.pos = pos
-            return result
+            return self._map(pos, depth)
         if tag == 0x6C:  # l
-            if pos + 4 > end:
-                raise DecodeError("truncated value")
-            n = _unpack_u32(data, pos)[0]
-            pos += 4
-            # Every item takes at least one byte: a count larger than what is left is a lie.
-            if pos + n > end:
-                raise DecodeError("truncated value")
-            items = []
-            value = self.value
-            for _ in range(n):
-                items.append(value(pos, depth + 1))
-                pos = self.pos
-            self.pos = pos
-            return items
+            return self._list(pos, depth)
         if tag == 0x4E:  # N
             self.pos = pos
             return None
@@ -269,3 +203,79 @@ class _Decoder(object):
             raw = data[pos:pos + n]
             return raw if tag == 0x62 else int.from_bytes(raw, "big", signed=True)
         raise DecodeError("unknown tag 0x%02x" % tag)
+
+    def _map(self, pos: int, depth: int) -> Any:
+        """A dict's body at `pos` (after its tag)."""
+        data, end = self.data, self.end
+        if pos + 4 > end:
+            raise DecodeError("truncated value")
+        n = _unpack_u32(data, pos)[0]
+        pos += 4
+        if pos + 2 * n > end:
+            raise DecodeError("truncated value")
+        result = {}
+        value = self.value
+        if depth + 1 > MAX_DEPTH:
+            for _ in range(n):
+                key = value(pos, depth + 1)
+                if isinstance(key, (list, dict)):
+                    raise DecodeError("unhashable dict key")
+                result[key] = value(self.pos, depth + 1)
+                pos = self.pos
+            self.pos = pos
+            return result
+        # str keys and str values inline (the common case: environments);
+        # the same checks and item budget as value() itself.
+        for _ in range(n):
+            if pos < end and data[pos] == 0x73:
+                self.budget -= 1
+                if self.budget < 0:
+                    raise DecodeError("too many items")
+                if pos + 5 > end:
+                    raise DecodeError("truncated value")
+                k = _unpack_u32(data, pos + 1)[0]
+                pos += 5
+                if pos + k > end:
+                    raise DecodeError("truncated value")
+                key = data[pos:pos + k].decode("utf-8", "surrogateescape")
+                pos += k
+            else:
+                key = value(pos, depth + 1)
+                if isinstance(key, (list, dict)):
+                    raise DecodeError("unhashable dict key")
+                pos = self.pos
+            if pos < end and data[pos] == 0x73:
+                self.budget -= 1
+                if self.budget < 0:
+                    raise DecodeError("too many items")
+                if pos + 5 > end:
+                    raise DecodeError("truncated value")
+                k = _unpack_u32(data, pos + 1)[0]
+                pos += 5
+                if pos + k > end:
+                    raise DecodeError("truncated value")
+                result[key] = data[pos:pos + k].decode("utf-8", "surrogateescape")
+                pos += k
+            else:
+                result[key] = value(pos, depth + 1)
+                pos = self.pos
+        self.pos = pos
+        return result
+
+    def _list(self, pos: int, depth: int) -> Any:
+        """A list's body at `pos` (after its tag)."""
+        data, end = self.data, self.end
+        if pos + 4 > end:
+            raise DecodeError("truncated value")
+        n = _unpack_u32(data, pos)[0]
+        pos += 4
+        # Every item takes at least one byte: a count larger than what is left is a lie.
+        if pos + n > end:
+            raise DecodeError("truncated value")
+        items = []
+        value = self.value
+        for _ in range(n):
+            items.append(value(pos, depth + 1))
+            pos = self.pos
+        self.pos = pos
+        return items

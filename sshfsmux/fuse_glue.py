@@ -206,6 +206,109 @@ def _patch_main(mfusepy: "Any") -> None:
     mfusepy._gxp_patched = True
 
 
+class _FixedFUSE:
+    """What fuse_class puts over mfusepy.FUSE's methods (it is the first base
+    there, so super() is mfusepy's FUSE): the fast getattr, a quieter wrapper,
+    readdirplus, and the three fixes fuse_class names. Here and not inside
+    fuse_class so that mfusepy is imported only when a mount starts."""
+    _mfusepy: "Any" = None      # the module, set by fuse_class
+
+    def __init__(self, operations, mountpoint, **kwargs):  # type: ignore[no-untyped-def]
+        # a one-branch mount's getattr goes straight to the branch's
+        # stat_into through a callback of plain C types (_main_real)
+        into = getattr(operations, "stat_into", None)
+        if into is not None and self._mfusepy.fuse_version_major == 3:
+            _pending.getattr = _GETATTR_T(functools.partial(_fast_getattr, self, into))
+        try:
+            super().__init__(operations, mountpoint, **kwargs)
+        finally:
+            _pending.getattr = None
+
+    def _wrapper(self, func, *args):  # type: ignore[no-untyped-def]
+        # mfusepy's wrapper without its per-error logging work (our
+        # operations already turned every failure into an OSError); init
+        # and the critical exceptions still go through mfusepy's
+        if not getattr(_kept, "on", False):
+            _kept.on = True
+            _pyapi.PyGILState_Ensure()
+        if func.__name__.startswith("init"):
+            return super()._wrapper(func, *args)
+        try:
+            return func(*args) or 0
+        except OSError as e:
+            code = e.errno
+            return -code if isinstance(code, int) and code > 0 else -errno.EIO
+        except Exception:
+            return -errno.EIO
+        except BaseException as e:
+            failure = e
+
+            def again(*_args):  # type: ignore[no-untyped-def]
+                raise failure
+            again.__name__ = func.__name__
+            return super()._wrapper(again)
+
+    def readdir_fuse_3(self, path, buf, filler, offset, fip, flags):  # type: ignore[no-untyped-def]
+        # readdirplus: names with attributes, so ls -l, find and make need
+        # no lookup per entry (entries without attributes get one)
+        plus = getattr(self.operations, "readdir_plus", None)
+        if not flags & FUSE_READDIR_PLUS or plus is None:
+            return super().readdir_fuse_3(path, buf, filler, offset, fip, flags)
+        enc, errs = self.encoding, self.errors
+        st = self._mfusepy.c_stat()
+        size = ctypes.sizeof(st)
+        # offsets, not offset 0: libfuse (< 3.17) drops the attributes of
+        # entries it buffers itself
+        entries = plus(path.decode(enc, errs), fip.contents.fh, offset)
+        for i in range(offset, len(entries)):
+            name, a = entries[i]
+            if a is None:
+                full = filler(buf, name.encode(enc, errs), None, i + 1, 0)
+            else:
+                ctypes.memset(ctypes.byref(st), 0, size)
+                fill_stat(st, a)
+                full = filler(buf, name.encode(enc, errs), st, i + 1, FUSE_FILL_DIR_PLUS)
+            if full:
+                break
+        return 0
+
+    def getattr_fuse_3(self, path, buf, fip):  # type: ignore[no-untyped-def]
+        # a branch that lstats into buf itself (0 or -errno; 1: it cannot)
+        into = getattr(self.operations, "stat_into", None) if path is not None and not fip else None
+        if into is not None:
+            rc = into(path, buf)
+            if rc <= 0:
+                return rc
+        # the branch's attributes as they are, no dict copies on the way
+        a = self.operations.raw_getattr(
+            None if path is None else path.decode(self.encoding, self.errors),
+            fip.contents.fh if fip else None)
+        fill_stat(buf.contents, a)
+        return 0
+
+    def utimens_fuse_3(self, path, buf, fip):  # type: ignore[no-untyped-def]
+        times = None
+        if buf:
+            def conv(ts):  # type: ignore[no-untyped-def]
+                if ts.tv_nsec == UTIME_NOW:
+                    return "now"
+                if ts.tv_nsec == UTIME_OMIT:
+                    return None
+                return ts.tv_sec * 10 ** 9 + ts.tv_nsec
+            times = (conv(buf.contents.actime), conv(buf.contents.modtime))
+        return self.operations.utimens(
+            None if path is None else path.decode(self.encoding, self.errors), times)
+
+    def read_buf(self, path, bufpp, size, offset, fip):  # type: ignore[no-untyped-def]
+        return self.operations.read_buf(
+            None if path is None else path.decode(self.encoding, self.errors),
+            bufpp, size, offset, fip.contents.fh)
+
+    def rename_fuse_3(self, old, new, flags):  # type: ignore[no-untyped-def]
+        return self.operations.rename2(old.decode(self.encoding, self.errors),
+                                       new.decode(self.encoding, self.errors), flags)
+
+
 def fuse_class() -> type:
     """mfusepy's FUSE with three fixes: UTIME_NOW/UTIME_OMIT kept apart from
     real times, rename flags (RENAME_NOREPLACE/EXCHANGE) passed on instead of
@@ -213,104 +316,7 @@ def fuse_class() -> type:
     import mfusepy
 
     _patch_main(mfusepy)
-
-    class _FUSE(mfusepy.FUSE):
-        def __init__(self, operations, mountpoint, **kwargs):  # type: ignore[no-untyped-def]
-            # a one-branch mount's getattr goes straight to the branch's
-            # stat_into through a callback of plain C types (_main_real)
-            into = getattr(operations, "stat_into", None)
-            if into is not None and mfusepy.fuse_version_major == 3:
-                _pending.getattr = _GETATTR_T(functools.partial(_fast_getattr, self, into))
-            try:
-                mfusepy.FUSE.__init__(self, operations, mountpoint, **kwargs)
-            finally:
-                _pending.getattr = None
-
-        def _wrapper(self, func, *args):  # type: ignore[no-untyped-def]
-            # mfusepy's wrapper without its per-error logging work (our
-            # operations already turned every failure into an OSError); init
-            # and the critical exceptions still go through mfusepy's
-            if not getattr(_kept, "on", False):
-                _kept.on = True
-                _pyapi.PyGILState_Ensure()
-            if func.__name__.startswith("init"):
-                return mfusepy.FUSE._wrapper(self, func, *args)
-            try:
-                return func(*args) or 0
-            except OSError as e:
-                code = e.errno
-                return -code if isinstance(code, int) and code > 0 else -errno.EIO
-            except Exception:
-                return -errno.EIO
-            except BaseException as e:
-                failure = e
-
-                def again(*_args):  # type: ignore[no-untyped-def]
-                    raise failure
-                again.__name__ = func.__name__
-                return mfusepy.FUSE._wrapper(self, again)
-
-        def readdir_fuse_3(self, path, buf, filler, offset, fip, flags):  # type: ignore[no-untyped-def]
-            # readdirplus: names with attributes, so ls -l, find and make need
-            # no lookup per entry (entries without attributes get one)
-            plus = getattr(self.operations, "readdir_plus", None)
-            if not flags & FUSE_READDIR_PLUS or plus is None:
-                return mfusepy.FUSE.readdir_fuse_3(self, path, buf, filler, offset, fip, flags)
-            enc, errs = self.encoding, self.errors
-            st = mfusepy.c_stat()
-            size = ctypes.sizeof(st)
-            # offsets, not offset 0: libfuse (< 3.17) drops the attributes of
-            # entries it buffers itself
-            entries = plus(path.decode(enc, errs), fip.contents.fh, offset)
-            for i in range(offset, len(entries)):
-                name, a = entries[i]
-                if a is None:
-                    full = filler(buf, name.encode(enc, errs), None, i + 1, 0)
-                else:
-                    ctypes.memset(ctypes.byref(st), 0, size)
-                    fill_stat(st, a)
-                    full = filler(buf, name.encode(enc, errs), st, i + 1, FUSE_FILL_DIR_PLUS)
-                if full:
-                    break
-            return 0
-
-        def getattr_fuse_3(self, path, buf, fip):  # type: ignore[no-untyped-def]
-            # a branch that lstats into buf itself (0 or -errno; 1: it cannot)
-            into = getattr(self.operations, "stat_into", None) if path is not None and not fip else None
-            if into is not None:
-                rc = into(path, buf)
-                if rc <= 0:
-                    return rc
-            # the branch's attributes as they are, no dict copies on the way
-            a = self.operations.raw_getattr(
-                None if path is None else path.decode(self.encoding, self.errors),
-                fip.contents.fh if fip else None)
-            fill_stat(buf.contents, a)
-            return 0
-
-        def utimens_fuse_3(self, path, buf, fip):  # type: ignore[no-untyped-def]
-            times = None
-            if buf:
-                def conv(ts):  # type: ignore[no-untyped-def]
-                    if ts.tv_nsec == UTIME_NOW:
-                        return "now"
-                    if ts.tv_nsec == UTIME_OMIT:
-                        return None
-                    return ts.tv_sec * 10 ** 9 + ts.tv_nsec
-                times = (conv(buf.contents.actime), conv(buf.contents.modtime))
-            return self.operations.utimens(
-                None if path is None else path.decode(self.encoding, self.errors), times)
-
-        def read_buf(self, path, bufpp, size, offset, fip):  # type: ignore[no-untyped-def]
-            return self.operations.read_buf(
-                None if path is None else path.decode(self.encoding, self.errors),
-                bufpp, size, offset, fip.contents.fh)
-
-        def rename_fuse_3(self, old, new, flags):  # type: ignore[no-untyped-def]
-            return self.operations.rename2(old.decode(self.encoding, self.errors),
-                                           new.decode(self.encoding, self.errors), flags)
-
-    return _FUSE
+    return type("_FUSE", (_FixedFUSE, mfusepy.FUSE), {"_mfusepy": mfusepy})
 
 
 ATTR_SECONDS = 1.0      # how long the kernel trusts a name's attributes (libfuse's default)

@@ -32,7 +32,7 @@ MAX_PENDING = 100000    # paths kept between answers (more: the catalog misses s
 # What the head pushes to a node for this service, dependencies first.
 NODE_MODULES = [
     "sshfsmux.branch", "sshfsmux.confined_paths", "sshfsmux.fs_transport", "sshfsmux.fs_protocol",
-    "sshfsmux.local_branch", "sshfsmux.replica_cache", "sshfsmux.direct_channel",
+    "sshfsmux.local_syscalls", "sshfsmux.local_branch", "sshfsmux.replica_cache", "sshfsmux.direct_channel",
     "sshfsmux.direct_files", "sshfsmux.direct_branch",
     "sshfsmux.mount_nesting", "sshfsmux.fuse_glue", "sshfsmux.access_memo", "sshfsmux.merged_handles",
     "sshfsmux.link_names", "sshfsmux.merged_changes", "sshfsmux.merged_xattrs", "sshfsmux.merged_fs",

@@ -24,6 +24,8 @@ import time
 
 from .branch import Branch, ReadHandle, WriteHandle
 from .confined_paths import Confined
+from .local_syscalls import (AT_SYMLINK_NOFOLLOW, DIR_FLAGS, OPENAT2_CHUNK, libc_stat,
+                             open_beneath, openat2, process_umask)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,91 +37,6 @@ _PASS_FLAGS = (os.O_ACCMODE | os.O_CREAT | os.O_EXCL | os.O_TRUNC
                | getattr(os, "O_SYNC", 0) | getattr(os, "O_DSYNC", 0))
 
 
-_DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
-# openat2(2) (Linux >= 5.6): the kernel walks a path of directories below a
-# root fd, refusing symlinks and escapes, in one call
-_RESOLVE_BENEATH_NO_LINKS = 0x02 | 0x04 | 0x08   # NO_MAGICLINKS | NO_SYMLINKS | BENEATH
-_CHUNK = 4000            # bytes of path per openat2 call (below PATH_MAX)
-
-
-def _load_openat2() -> "Any":
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.syscall
-    except (OSError, AttributeError, ImportError):
-        return None
-
-    class OpenHow(ctypes.Structure):
-        _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
-                    ("resolve", ctypes.c_uint64)]
-    how = OpenHow(_DIR_FLAGS, 0, _RESOLVE_BENEATH_NO_LINKS)
-    fn.restype = ctypes.c_long
-    fn.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
-    where, size = ctypes.addressof(how), ctypes.sizeof(how)
-    get_errno = ctypes.get_errno
-
-    def openat2(dir_fd: int, rel: bytes) -> int:
-        fd = fn(437, dir_fd, rel, where, size)
-        return fd if fd >= 0 else -get_errno()
-    openat2.keep = how  # type: ignore[attr-defined]
-    # probe: some kernels (and seccomp filters) do not have it
-    r = openat2(-100, b".")
-    if r < 0:
-        return None
-    os.close(r)
-    return openat2
-
-
-_openat2 = _load_openat2()
-
-
-def _open_beneath(root_fd: int, comps: "List[str]") -> int:
-    """An O_PATH fd of directory `comps` below root_fd, or -1 when the walk
-    meets a symlink (the caller expands it); other errors are raised."""
-    assert _openat2 is not None
-    rel = "/".join(comps).encode("utf-8", "surrogateescape")
-    if len(rel) < _CHUNK:
-        fd = _openat2(root_fd, rel)
-    else:
-        sizes = [len(c.encode("utf-8", "surrogateescape")) + 1 for c in comps]
-        fd, i = root_fd, 0
-        while i < len(comps):
-            j, n = i, 0
-            while j < len(comps) and (j == i or n + sizes[j] < _CHUNK):
-                n += sizes[j]
-                j += 1
-            nfd = _openat2(fd, "/".join(comps[i:j]).encode("utf-8", "surrogateescape"))
-            if fd != root_fd:
-                os.close(fd)
-            fd, i = nfd, j
-            if fd < 0:
-                break
-    if fd >= 0:
-        return fd
-    if -fd in (errno.ELOOP, errno.EXDEV, errno.ENOSYS, errno.EPERM):
-        return -1
-    raise _err(-fd)
-
-
-def _load_libc_stat() -> "Any":
-    """libc's openat/fstatat/close through ctypes, for stat_into: the kernel
-    writes struct stat straight into libfuse's buffer (no os.stat_result, no
-    dict, no field-by-field copy: the hot path of a cold stat storm)."""
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        openat, fstatat, close = libc.openat, libc.fstatat, libc.close
-    except (OSError, AttributeError, ImportError):
-        return None
-    openat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-    fstatat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int]
-    close.argtypes = [ctypes.c_int]
-    return openat, fstatat, close, ctypes.get_errno
-
-
-_libc_stat = _load_libc_stat() if os.uname().machine in ("x86_64", "aarch64") else None
-_AT_SYMLINK_NOFOLLOW = 0x100
 _monotonic = time.monotonic
 _GENERAL = 1        # stat_into: take the general path
 # how long stat_into keeps a parent directory open for the next names in it
@@ -127,19 +44,6 @@ _GENERAL = 1        # stat_into: take the general path
 # is looked up again within this, as the kernel does its own cached names
 # (fuse_glue.ATTR_SECONDS); a rename or rmdir through the branch drops it
 PARENT_SECONDS = 1.0
-
-
-def _process_umask() -> int:
-    """This process's umask, read without changing it (os.umask would, for a
-    moment, for every thread): Linux >= 4.7 shows it in /proc/self/status."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022      # unknown: assume the usual one (a chmod too many is harmless)
 
 
 def _err(code: int, path: str = "") -> OSError:
@@ -213,13 +117,13 @@ class LocalBranch(Branch):
         for p in exclude:
             self.add_exclude(p)
         self.writable = os.access(self.realroot, os.W_OK)
-        self.root_fd = os.open(self.realroot, _DIR_FLAGS)
+        self.root_fd = os.open(self.realroot, DIR_FLAGS)
         self._walker = Confined(self.realroot)
         # the kernel already applied the caller's umask to every mode it
         # passes; a mount run inside a process with its own umask (a GMount
         # in the agent) must not apply that one too: new names get their
         # mode set exactly when the umask would take bits off
-        self._umask = _process_umask()
+        self._umask = process_umask()
         # stat_into's open parent directory, one per FUSE thread (so no fd is
         # closed while another thread stats in it): [dir, fd, generation,
         # deadline, thread id]; every such list, to close them with the
@@ -268,13 +172,13 @@ class LocalBranch(Branch):
         if len(comps) == 1:
             # one directory: a plain openat that refuses a symlink
             try:
-                fd = os.open(comps[0], _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=self.root_fd)
+                fd = os.open(comps[0], DIR_FLAGS | os.O_NOFOLLOW, dir_fd=self.root_fd)
             except OSError as e:
                 if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
                 fd = -1
         else:
-            fd = _open_beneath(self.root_fd, comps) if _openat2 is not None else -1
+            fd = open_beneath(self.root_fd, comps) if openat2 is not None else -1
         if fd < 0:
             # a symlink among the directories (or no openat2): expand it, confined
             fd = self._walker.walk(comps)
@@ -327,16 +231,16 @@ class LocalBranch(Branch):
         a symlink among the directories, other errors): getattr then decides.
         Confined as _at: one directory is opened O_NOFOLLOW, deeper ones by
         openat2 RESOLVE_BENEATH with no symlinks."""
-        if _libc_stat is None or self._rel_exclude or len(path) < 2:
+        if libc_stat is None or self._rel_exclude or len(path) < 2:
             return _GENERAL
         # find, not `in`: bytes' `in` first tries its argument as an integer
         # and makes (and drops) a TypeError, twice per call
         if path.find(b"//") >= 0 or path.find(b"/.") >= 0:
             return _GENERAL             # "." and ".." (and dot names: rare, general)
-        openat, fstatat, close, get_errno = _libc_stat
+        openat, fstatat, close, get_errno = libc_stat
         i = path.rfind(b"/")
         if i == 0:
-            rc = fstatat(self.root_fd, path[1:], buf, _AT_SYMLINK_NOFOLLOW)
+            rc = fstatat(self.root_fd, path[1:], buf, AT_SYMLINK_NOFOLLOW)
         else:
             d = path[1:i]
             # a stat storm asks for many names of one directory: its fd is
@@ -344,22 +248,22 @@ class LocalBranch(Branch):
             kept = getattr(self._parent, "kept", None)
             if (kept is not None and kept[0] == d and kept[2] == self._generation
                     and _monotonic() < kept[3]):
-                rc = fstatat(kept[1], path[i + 1:], buf, _AT_SYMLINK_NOFOLLOW)
+                rc = fstatat(kept[1], path[i + 1:], buf, AT_SYMLINK_NOFOLLOW)
                 if rc < 0:
                     return -errno.ENOENT if get_errno() in (errno.ENOENT, errno.ENOTDIR) else _GENERAL
                 return 0
             generation = self._generation
             if d.find(b"/") < 0:
-                fd = openat(self.root_fd, d, _DIR_FLAGS | os.O_NOFOLLOW)
-            elif _openat2 is not None and len(d) < _CHUNK:
-                fd = _openat2(self.root_fd, d)
+                fd = openat(self.root_fd, d, DIR_FLAGS | os.O_NOFOLLOW)
+            elif openat2 is not None and len(d) < OPENAT2_CHUNK:
+                fd = openat2(self.root_fd, d)
                 if fd < 0:
                     return -errno.ENOENT if -fd == errno.ENOENT else _GENERAL
             else:
                 return _GENERAL
             if fd < 0:
                 return -errno.ENOENT if get_errno() == errno.ENOENT else _GENERAL
-            rc = fstatat(fd, path[i + 1:], buf, _AT_SYMLINK_NOFOLLOW)
+            rc = fstatat(fd, path[i + 1:], buf, AT_SYMLINK_NOFOLLOW)
             e = get_errno() if rc < 0 else 0
             self._keep_parent(kept, d, fd, generation)
             if rc < 0:

@@ -25,7 +25,7 @@ from .mount_options import (USAGE, VERSION, MountError, Options, UsageError, che
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, List, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
 PROG = "sshfsm"
 CHAIN_NAME = ".sshfsmux-chain"
@@ -214,6 +214,38 @@ def _connect_remotes(o: Options, specs: "List[str]", cache: "object") -> "List[o
     return out
 
 
+def _remote_places(p: Prepared, remote_specs: "List[str]",
+                   remotes: "Dict[str, Any]") -> "Tuple[List[str], List[str]]":
+    """The mount chain and branch places with each remote branch's own added;
+    MountError for a remote that is this mount or would contain it."""
+    chain = list(p.chain)
+    places = list(p.places)
+    host = socket.gethostname()
+    for spec in remote_specs:
+        rb = remotes[spec]
+        rc, rplaces = remote_lists(rb)
+        if p.me in rc:
+            raise _loop(spec, p.me)
+        # a remote branch that is this very host and this mountpoint (or below)
+        remote_host = mount_nesting.lines(rb.read_small(b"/proc/sys/kernel/hostname"))  # type: ignore
+        root = rb.root.decode("utf-8", "surrogateescape")  # type: ignore
+        if remote_host == [host] and mount_nesting.inside(root, p.mountpoint):
+            raise _loop(spec, p.me)
+        if remote_host == [host] and mount_nesting.inside(p.mountpoint, root):
+            # over SFTP nothing hides the mountpoint: it would show the mount itself
+            raise MountError("%s holds the mountpoint %s: the mount would contain itself"
+                             % (spec, p.mountpoint))
+        try:
+            mount_nesting.check_places(spec, rplaces, host, p.mountpoint)
+        except mount_nesting.NestingError as e:
+            raise _nested(e)
+        for line in rc:
+            if line not in chain:
+                chain.append(line)
+        places += ["%s:%s" % (remote_host[0] if remote_host else host_of(spec), root)] + rplaces
+    return chain, places
+
+
 def run(o: Options, p: Prepared, ready: "Callable[[], None]",
         fail: "Callable[[str], None]", log: "Callable[[str], None]",
         capture_to: "Optional[int]" = None) -> int:
@@ -235,31 +267,7 @@ def run(o: Options, p: Prepared, ready: "Callable[[], None]",
             raise MountError("cache_dir %s: %s" % (o.cache_dir or "", e.strerror or e))
         remote_specs = [s for s in o.branches if is_remote(s)]
         remotes = dict(zip(remote_specs, _connect_remotes(o, remote_specs, cache)))
-        chain = list(p.chain)
-        places = list(p.places)
-        host = socket.gethostname()
-        for spec in remote_specs:
-            rb = remotes[spec]
-            rc, rplaces = remote_lists(rb)
-            if p.me in rc:
-                raise _loop(spec, p.me)
-            # a remote branch that is this very host and this mountpoint (or below)
-            remote_host = mount_nesting.lines(rb.read_small(b"/proc/sys/kernel/hostname"))  # type: ignore
-            root = rb.root.decode("utf-8", "surrogateescape")  # type: ignore
-            if remote_host == [host] and mount_nesting.inside(root, p.mountpoint):
-                raise _loop(spec, p.me)
-            if remote_host == [host] and mount_nesting.inside(p.mountpoint, root):
-                # over SFTP nothing hides the mountpoint: it would show the mount itself
-                raise MountError("%s holds the mountpoint %s: the mount would contain itself"
-                                 % (spec, p.mountpoint))
-            try:
-                mount_nesting.check_places(spec, rplaces, host, p.mountpoint)
-            except mount_nesting.NestingError as e:
-                raise _nested(e)
-            for line in rc:
-                if line not in chain:
-                    chain.append(line)
-            places += ["%s:%s" % (remote_host[0] if remote_host else host_of(spec), root)] + rplaces
+        chain, places = _remote_places(p, remote_specs, remotes)
         for spec in o.branches:
             if spec in remotes:
                 branches.append(remotes[spec])

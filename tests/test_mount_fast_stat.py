@@ -12,10 +12,10 @@ import pytest
 
 mfusepy = pytest.importorskip("mfusepy")
 
-from sshfsmux import local_branch  # noqa: E402
+from sshfsmux import local_branch, local_syscalls  # noqa: E402
 from sshfsmux.local_branch import LocalBranch  # noqa: E402
 
-pytestmark = pytest.mark.skipif(local_branch._libc_stat is None,
+pytestmark = pytest.mark.skipif(local_syscalls.libc_stat is None,
                                 reason="no libc fstatat on this machine")
 
 
