@@ -142,12 +142,14 @@ class DirectBranch(Branch):
             self.cache.close()
 
     # -- replicas --------------------------------------------------------------
-    def _key(self, rel: str) -> str:
+    def replica_key(self, rel: str) -> str:
+        """The replica store's key of wire path `rel` ("a/b") read through this
+        branch (the key adopt, reads and pins use)."""
         return "%s\0%s" % (self.node, rel)
 
     def _forget(self, *rels: str) -> None:
         for rel in rels:
-            self.cache.invalidate(self._key(rel))
+            self.cache.invalidate(self.replica_key(rel))
 
     def adopt(self, path: str, file: str) -> "Optional[str]":
         """Make `file` (a complete copy of `path` on this host) this branch's
@@ -158,7 +160,7 @@ class DirectBranch(Branch):
             version = tuple(int(r[k]) for k in HAVE_KEYS)
         except (TypeError, KeyError, ValueError):
             raise _oserror(errno.EIO, "bad reply")
-        return self.cache.adopt(self._key(rel), version, file)
+        return self.cache.adopt(self.replica_key(rel), version, file)
 
     # -- Branch ----------------------------------------------------------------
     def getattr(self, path: str) -> "Dict[str, Any]":
@@ -272,7 +274,7 @@ class DirectBranch(Branch):
 
     def open_read(self, path: str) -> ReadHandle:
         rel = _rel(path)
-        key = self._key(rel)
+        key = self.replica_key(rel)
         for _ in range(2):
             cand = self.cache.current(key)
             if cand is not None and len(cand[0]) != len(HAVE_KEYS):

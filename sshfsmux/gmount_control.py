@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from gxpstyle import limits, wire
 from gxpstyle.schema import Bool, Int, Opt, Rec, Str
 from gxpstyle.services import Service, Verb, after
-from sshfsmux import mount_nesting
+from sshfsmux import file_records, mount_nesting
 
 from sshfsmux.gmount_node import NODE_MODULES as MODULES   # the mount code's own list
 SERVICE_TIMEOUT = 30.0
@@ -180,8 +180,7 @@ class GMountService(Service):
             if not ok:
                 self.head.write_log("gmount: scan of %s: %s" % (self._name(nid), error))
                 return
-            got = [(str(f[0]), int(f[1]), float(f[2])) for f in result.get("files") or []
-                   if isinstance(f, list) and len(f) == 3]
+            got = file_records.parse(file_records.ScannedFile, result.get("files"))
             files.extend(got)
             if result.get("more") and got and self.mounts.get(m.mountpoint) is m:
                 self._scan(m, nid, sid, offset + len(got), files)
@@ -205,11 +204,10 @@ class GMountService(Service):
             # that list whole, so the two agree
             by_name = {self._name(n): n for n in m.services if n in self.head.tree}
             copies: Dict[str, Dict[str, Tuple[int, float]]] = {}
-            for f in result.get("copies") or []:
-                if isinstance(f, list) and len(f) == 4:
-                    where = copies.setdefault(str(f[0]), {})
-                    if str(f[3]) in by_name:
-                        where[by_name[str(f[3])]] = (int(f[1]), float(f[2]))
+            for c in file_records.parse(file_records.FileCopy, result.get("copies")):
+                where = copies.setdefault(c.rel, {})
+                if c.node in by_name:
+                    where[by_name[c.node]] = (c.size, c.mtime)
             for rel, where in copies.items():
                 self.head.catalog.set_replicas(os.path.join(m.mountpoint, rel), where)
             gone = [str(rel) for rel in result.get("gone") or []]
@@ -318,12 +316,9 @@ class GMountService(Service):
 
     def _record(self, m: Mount, nid: str, rels: List[str], files: List[Any]) -> None:
         seen = set()
-        for f in files:
-            if not (isinstance(f, list) and len(f) == 4):
-                continue
-            path = os.path.join(m.mountpoint, str(f[0]))
-            seen.add(str(f[0]))
-            self.head.catalog.add(path, nid, int(f[1]), float(f[2]), str(f[3]) or None)
+        for f in file_records.parse(file_records.DescribedFile, files):
+            seen.add(f.rel)
+            self.head.catalog.add(os.path.join(m.mountpoint, f.rel), nid, f.size, f.mtime, f.sha256)
         for rel in rels:
             # not a file here (removed, or a directory), unless a copy was
             # put in its replica store (an unlink through a mount removes

@@ -3,8 +3,11 @@ the head sends the peers, the merged FUSE mount at MOUNTPOINT.
 
 It runs as a child node of the node's agent, started by the same bootstrap and
 loaded from memory (the head pushed these modules). FUSE takes the main thread;
-the node's event loop runs beside it. Service calls: "mount" {peers} and
-"umount". Shutdown (quit, or the agent going away) unmounts and closes.
+the node's event loop runs beside it. GMountNode holds the node's state and
+answers the head's calls (one method each: mount, umount, scan, changed,
+adopt, pin, drop_peers, changes); work that may block (FUSE, the peers, the
+disk) runs on a thread of its own and answers through the loop. Shutdown
+(quit, or the agent going away) unmounts and closes.
 
 Standard library plus modules the head pushes (sshfsmux, mfusepy).
 """
@@ -20,9 +23,11 @@ from gxpstyle.bcast_link import local_addresses, pick_address
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
     from sshfsmux.branch import Branch
+
+    Reply = Callable[..., None]
 
 MOUNT_WAIT = 20.0
 COALESCE = 0.3          # seconds of changes made through the mount sent as one answer
@@ -105,157 +110,226 @@ def copies_of(fs: "Any", rels: "List[str]") -> "Tuple[List[List[Any]], List[str]
     return copies, gone
 
 
-def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Callable[[], None]]":
-    from sshfsmux.direct_branch import CALL_SECONDS, MAX_CALL_SECONDS, DirectBranch
-    from sshfsmux.export_server import ExportServer
-    from sshfsmux.kernel_cache import KernelCache
-    from sshfsmux import export_scan
-    from sshfsmux.fs_protocol import data_channel_key
-    from sshfsmux.local_branch import LocalBranch
-    from sshfsmux.replica_cache import ReplicaCache
-    from sshfsmux import merged_fs, mount_nesting
+class MountSettings:
+    """A mount's configuration from the head, checked: every bad value is a
+    ValueError in one line, raised before anything is started."""
 
-    export = os.path.abspath(config["export"])
-    mountpoint = os.path.abspath(config["mountpoint"])
-    ro = bool(config.get("ro"))
-    cipher = bool(config.get("cipher", True))
-    # how long a peer may leave a request unanswered before its files give EIO
-    timeout = config.get("timeout", CALL_SECONDS)
-    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-            or not 1 <= timeout <= MAX_CALL_SECONDS):
-        raise ValueError("timeout %r: give a number of seconds from 1 to %d"
-                         % (timeout, MAX_CALL_SECONDS))
-    allow_other = bool(config.get("allow_other"))
-    # bytes of replicas this host's store keeps (-o cache_size=); None: half the free space
-    cache_size = config.get("cache_size")
-    if allow_other and os.getuid() != 0 and not fuse_conf_allows_other():
-        raise ValueError("allow_other needs 'user_allow_other' in /etc/fuse.conf on %s"
-                         % socket.gethostname())
-    if not os.path.isdir(export):
-        raise ValueError("export %s: no such directory" % export)
-    if not os.path.isdir(mountpoint):
-        try:
-            os.makedirs(mountpoint, 0o755)
-        except OSError as e:
-            raise ValueError("mountpoint %s: %s" % (mountpoint, e.strerror))
-    if is_mounted(mountpoint):
-        raise ValueError("mountpoint %s: already a mount point" % mountpoint)
-    try:
-        places = mount_nesting.check_export(export, mountpoint, socket.gethostname())
-    except mount_nesting.NestingError as e:
-        raise ValueError(str(e))
-    # The name peers and the location attribute know this host by (as explored).
-    host_name = str(config.get("node") or node.name)
-    certfile, keyfile = node.tls_files()
-    pin = node.opts["pin"]
-    key = data_channel_key(node.secret)
-    cache_dir = os.path.join(node.ensure_session_dir(), "replicas")
+    def __init__(self, config: "Dict[str, Any]", node_name: str) -> None:
+        from sshfsmux import mount_nesting
+        from sshfsmux.direct_branch import CALL_SECONDS, MAX_CALL_SECONDS
 
-    def log(text: str) -> None:
-        node.loop.call_soon_threadsafe(lambda: node.log(text))
-
-    server = ExportServer(export, ro, key, certfile, keyfile, pin, cipher=cipher, log=log)
-    own = local_addresses()
-    state: "Dict[str, Any]" = {"fs": None, "stop": False, "reply": None}
-    go = threading.Event()
-    settled = threading.Event()
-
-    def on_ready() -> None:
-        # FUSE's init callback: the one place the mount's `struct fuse *` is
-        # visible, kept for the "changed" call (kernel_cache.py)
-        state["kcache"] = KernelCache.capture()
-        state["up"] = True
-        settled.set()
-
-    def in_loop(fn: "Callable[..., None]", *args: "Any") -> None:
-        node.loop.call_soon_threadsafe(lambda: fn(*args))
-
-    def mount_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
-        if state["fs"] is not None:
-            reply(False, "already mounted")
-            return
-
-        def work() -> None:
+        self.export = os.path.abspath(config["export"])
+        self.mountpoint = os.path.abspath(config["mountpoint"])
+        self.ro = bool(config.get("ro"))
+        self.cipher = bool(config.get("cipher", True))
+        # how long a peer may leave a request unanswered before its files give EIO
+        timeout = config.get("timeout", CALL_SECONDS)
+        if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                or not 1 <= timeout <= MAX_CALL_SECONDS):
+            raise ValueError("timeout %r: give a number of seconds from 1 to %d"
+                             % (timeout, MAX_CALL_SECONDS))
+        self.timeout = float(timeout)
+        self.allow_other = bool(config.get("allow_other"))
+        # bytes of replicas this host's store keeps (-o cache_size=); None: half the free space
+        self.cache_size = config.get("cache_size")
+        if self.allow_other and os.getuid() != 0 and not fuse_conf_allows_other():
+            raise ValueError("allow_other needs 'user_allow_other' in /etc/fuse.conf on %s"
+                             % socket.gethostname())
+        if not os.path.isdir(self.export):
+            raise ValueError("export %s: no such directory" % self.export)
+        if not os.path.isdir(self.mountpoint):
             try:
-                # one replica store for every peer, kept for the session
-                cache = state["cache"] = ReplicaCache.persistent(cache_dir, limit=cache_size)
-                branches: "List[Branch]" = [LocalBranch(export, node=host_name)]
-                for p in args.get("peers", []):
-                    host = pick_address(list(p.get("addrs") or []), own)
-                    branches.append(DirectBranch(host, int(p["port"]), key, pin, node=str(p["node"]),
-                                                 cipher=cipher, cache=cache,
-                                                 timeout=float(timeout)))
-                state["fs"] = merged_fs.MergedFS(branches, mountpoint=mountpoint, read_only=ro,
-                                                 node=host_name, log=log, branch_places=places,
-                                                 on_ready=on_ready)
-                state["fs"].on_change = on_change
+                os.makedirs(self.mountpoint, 0o755)
             except OSError as e:
-                in_loop(reply, False, "cannot mount %s: %s" % (mountpoint, e.strerror or e))
-                return
-            except Exception as e:
-                in_loop(reply, False, "cannot mount %s: %s" % (mountpoint, e))
-                return
-            state["reply"] = reply
-            go.set()
-            # FUSE's init callback (the mount is up) or the runner's end (it
-            # failed) sets `settled`; the bound only covers a libfuse that hangs
-            settled.wait(MOUNT_WAIT)
-            if state.get("up"):
-                in_loop(reply, True, "", {"mountpoint": mountpoint})
-                return
-            in_loop(reply, False, state.get("error") or ("mount stopped" if state["stop"] else
-                                                         "mount did not appear within %gs" % MOUNT_WAIT))
+                raise ValueError("mountpoint %s: %s" % (self.mountpoint, e.strerror))
+        if is_mounted(self.mountpoint):
+            raise ValueError("mountpoint %s: already a mount point" % self.mountpoint)
+        try:
+            self.places = mount_nesting.check_export(self.export, self.mountpoint,
+                                                     socket.gethostname())
+        except mount_nesting.NestingError as e:
+            raise ValueError(str(e))
+        # The name peers and the location attribute know this host by (as explored).
+        self.host_name = str(config.get("node") or node_name)
+
+
+class ChangesWaiting:
+    """Changes made through this mount (a write handle closed, an unlink, a
+    rename), for the head's replica catalog: the head keeps one "changes"
+    call waiting here, answered once something changed (after COALESCE
+    seconds, so that a burst is one answer). FUSE threads add paths; the
+    loop answers."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.paths: "Set[str]" = set()
+        self.reply: "Optional[Reply]" = None
+        self.armed = False
+
+
+class GMountNode:
+    """One node's GMount: the export server (up from the start), the merged
+    FUSE mount (once the head sends the peers), and the answers to the head."""
+
+    def __init__(self, node: "Any", config: "Dict[str, Any]") -> None:
+        from sshfsmux.export_server import ExportServer
+        from sshfsmux.fs_protocol import data_channel_key
+
+        self.node = node
+        self.cfg = MountSettings(config, node.name)
+        certfile, keyfile = node.tls_files()
+        self.pin = node.opts["pin"]
+        self.key = data_channel_key(node.secret)
+        self.cache_dir = os.path.join(node.ensure_session_dir(), "replicas")
+        self.server = ExportServer(self.cfg.export, self.cfg.ro, self.key, certfile, keyfile,
+                                   self.pin, cipher=self.cfg.cipher, log=self.log)
+        self.own = local_addresses()
+        self.fs: "Any" = None               # the MergedFS, once mounted
+        self.cache: "Any" = None            # the replica store, once mounted
+        self.kcache: "Any" = None           # the mount's kernel cache handle (FUSE init)
+        self.stopping = False
+        self.up = False
+        self.error = ""
+        self.mount_reply: "Optional[Reply]" = None
+        self.go = threading.Event()         # the runner may start FUSE (or give up)
+        self.settled = threading.Event()    # FUSE is up, or failed, or stopped
+        self.changes_waiting = ChangesWaiting()
+
+    def info(self) -> "Dict[str, Any]":
+        """What the head learns of this node's service when it starts."""
+        return {"port": self.server.port, "addrs": self.own, "node": self.cfg.host_name,
+                "store": self.cache_dir}
+
+    def handlers(self) -> "Dict[str, Callable[[Dict[str, Any], Reply], None]]":
+        return {"mount": self.mount, "umount": self.umount, "scan": self.scan,
+                "changed": self.changed, "drop_peers": self.drop_peers,
+                "changes": self.changes, "adopt": self.adopt, "pin": self.pin_replicas}
+
+    # -- plumbing ------------------------------------------------------------
+    def log(self, text: str) -> None:
+        self.node.loop.call_soon_threadsafe(lambda: self.node.log(text))
+
+    def in_loop(self, fn: "Callable[..., None]", *args: "Any") -> None:
+        self.node.loop.call_soon_threadsafe(lambda: fn(*args))
+
+    @staticmethod
+    def in_thread(work: "Callable[[], None]") -> None:
+        """Work that may block (FUSE, the peers, the disk): never on the loop."""
         threading.Thread(target=work, daemon=True).start()
 
-    def umount_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
-        with changes_lock:
-            waiting, changes["reply"] = changes["reply"], None
+    # -- mount, umount ---------------------------------------------------------
+    def mount(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+        if self.fs is not None:
+            reply(False, "already mounted")
+            return
+        self.in_thread(lambda: self._mount(list(args.get("peers", [])), reply))
+
+    def _mount(self, peers: "List[Dict[str, Any]]", reply: "Reply") -> None:
+        mountpoint = self.cfg.mountpoint
+        try:
+            self.fs = self._merged_fs(peers)
+        except OSError as e:
+            self.in_loop(reply, False, "cannot mount %s: %s" % (mountpoint, e.strerror or e))
+            return
+        except Exception as e:
+            self.in_loop(reply, False, "cannot mount %s: %s" % (mountpoint, e))
+            return
+        self.mount_reply = reply
+        self.go.set()
+        # FUSE's init callback (the mount is up) or the runner's end (it
+        # failed) sets `settled`; the bound only covers a libfuse that hangs
+        self.settled.wait(MOUNT_WAIT)
+        if self.up:
+            self.in_loop(reply, True, "", {"mountpoint": mountpoint})
+            return
+        self.in_loop(reply, False, self.error or ("mount stopped" if self.stopping else
+                                                  "mount did not appear within %gs" % MOUNT_WAIT))
+
+    def _merged_fs(self, peers: "List[Dict[str, Any]]") -> "Any":
+        from sshfsmux import merged_fs
+        from sshfsmux.direct_branch import DirectBranch
+        from sshfsmux.local_branch import LocalBranch
+        from sshfsmux.replica_cache import ReplicaCache
+
+        cfg = self.cfg
+        # one replica store for every peer, kept for the session
+        cache = self.cache = ReplicaCache.persistent(self.cache_dir, limit=cfg.cache_size)
+        branches: "List[Branch]" = [LocalBranch(cfg.export, node=cfg.host_name)]
+        for p in peers:
+            host = pick_address(list(p.get("addrs") or []), self.own)
+            branches.append(DirectBranch(host, int(p["port"]), self.key, self.pin,
+                                         node=str(p["node"]), cipher=cfg.cipher, cache=cache,
+                                         timeout=cfg.timeout))
+        fs = merged_fs.MergedFS(branches, mountpoint=cfg.mountpoint, read_only=cfg.ro,
+                                node=cfg.host_name, log=self.log, branch_places=cfg.places,
+                                on_ready=self._fuse_ready)
+        fs.on_change = self._on_change
+        return fs
+
+    def _fuse_ready(self) -> None:
+        from sshfsmux.kernel_cache import KernelCache
+        # FUSE's init callback: the one place the mount's `struct fuse *` is
+        # visible, kept for the "changed" call (kernel_cache.py)
+        self.kcache = KernelCache.capture()
+        self.up = True
+        self.settled.set()
+
+    def umount(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+        w = self.changes_waiting
+        with w.lock:
+            waiting, w.reply = w.reply, None
         if waiting is not None:
             waiting(False, "unmounted", {})
+        mountpoint = self.cfg.mountpoint
 
         def work() -> None:
             err = unmount(mountpoint) if is_mounted(mountpoint) else ""
-            in_loop(reply, not err, err)
-        threading.Thread(target=work, daemon=True).start()
+            self.in_loop(reply, not err, err)
+        self.in_thread(work)
 
-    def scan_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+    # -- the replica catalog's calls ---------------------------------------------
+    def scan(self, args: "Dict[str, Any]", reply: "Reply") -> None:
         """A page of this node's export for the head's replica catalog."""
+        from sshfsmux import export_scan
+        export = self.cfg.export
+
         def work() -> None:
             try:
                 files, more = export_scan.scan_page(export, int(args.get("offset") or 0))
             except Exception as e:
-                in_loop(reply, False, "cannot scan %s: %s" % (export, e))
+                self.in_loop(reply, False, "cannot scan %s: %s" % (export, e))
                 return
-            in_loop(reply, True, "", {"files": files, "more": more})
-        threading.Thread(target=work, daemon=True).start()
+            self.in_loop(reply, True, "", {"files": files, "more": more})
+        self.in_thread(work)
 
-    def in_export(path: str) -> bool:
+    def in_export(self, path: str) -> bool:
         """A name of the mount is in this node's export (no peer asked)."""
-        return os.path.lexists(os.path.join(export, path.lstrip("/")))
+        return os.path.lexists(os.path.join(self.cfg.export, path.lstrip("/")))
 
-    def changed_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+    def changed(self, args: "Dict[str, Any]", reply: "Reply") -> None:
         """Files (relative to the mount's root) another node or this one just
         wrote: drop this mount's kernel caches for them and, with "describe",
         say what this node's export holds of them. Answered once done, so the
         head can hold make's exit status until every mount has acted."""
+        from sshfsmux import export_scan
         rels = [str(p) for p in args.get("paths") or []]
 
         def work() -> None:
             try:
-                files = export_scan.describe(export, rels) if args.get("describe") else []
-                kc = state.get("kcache")
+                files = export_scan.describe(self.cfg.export, rels) if args.get("describe") else []
+                kc = self.kcache
                 paths = ["/" + r.lstrip("/") for r in rels]
-                fs = state.get("fs")
+                fs = self.fs
                 if fs is not None:
                     fs.forget_access(paths)
-                dropped = kc.invalidate_paths(paths, exists=in_export) if kc else 0
+                dropped = kc.invalidate_paths(paths, exists=self.in_export) if kc else 0
             except Exception as e:
-                in_loop(reply, False, "cannot act on changed files: %s" % e)
+                self.in_loop(reply, False, "cannot act on changed files: %s" % e)
                 return
-            in_loop(reply, True, "", {"files": files, "invalidated": dropped})
-        threading.Thread(target=work, daemon=True).start()
+            self.in_loop(reply, True, "", {"files": files, "invalidated": dropped})
+        self.in_thread(work)
 
-    def adopt_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+    def adopt(self, args: "Dict[str, Any]", reply: "Reply") -> None:
         """A complete, verified copy of a file of the mount (a transfer the head
         planned before a recipe runs here) sits at `file` in the replica store's
         directory: make it the replica the mount reads that file from (keyed by
@@ -266,125 +340,135 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
 
         def work() -> None:
             try:
-                if os.path.dirname(os.path.abspath(file)) != cache_dir:
-                    raise ValueError("not in the replica store")
-                fs = state["fs"]
-                if fs is None:
-                    raise ValueError("not mounted")
-                v = fs._file_view(rel)
-                if v.is_dir:
-                    raise ValueError("a directory")
-                if any(b.local for b, _ in v.replicas):
-                    os.unlink(file)         # this host's export holds it already
-                    in_loop(reply, True, "", {"kept": "local"})
-                    return
-                # keyed by the branch the merged tree reads the file from
-                # (merged_fs._reader: the first holder, with no local one)
-                cands = [b for b, _ in v.replicas if hasattr(b, "adopt")]
-                if not cands or cands[0].adopt(rel, file) is None:
-                    raise ValueError("the copy does not match the file's current version")
+                kept = self._adopt(rel, file)
             except Exception as e:
                 try:
                     os.unlink(file)
                 except OSError:
                     pass
-                in_loop(reply, False, "cannot adopt %s: %s" % (rel, getattr(e, "strerror", None) or e))
+                self.in_loop(reply, False, "cannot adopt %s: %s"
+                             % (rel, getattr(e, "strerror", None) or e))
                 return
-            in_loop(reply, True, "", {"kept": "store"})
-        threading.Thread(target=work, daemon=True).start()
+            self.in_loop(reply, True, "", {"kept": kept})
+        self.in_thread(work)
 
-    def pin_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+    def _adopt(self, rel: str, file: str) -> str:
+        if os.path.dirname(os.path.abspath(file)) != self.cache_dir:
+            raise ValueError("not in the replica store")
+        fs = self.fs
+        if fs is None:
+            raise ValueError("not mounted")
+        v = fs.file_view(rel)
+        if v.is_dir:
+            raise ValueError("a directory")
+        if any(b.local for b, _ in v.replicas):
+            os.unlink(file)         # this host's export holds it already
+            return "local"
+        # keyed by the branch the merged tree reads the file from
+        # (merged_fs._reader: the first holder, with no local one)
+        cands = [b for b, _ in v.replicas if hasattr(b, "adopt")]
+        if not cands or cands[0].adopt(rel, file) is None:
+            raise ValueError("the copy does not match the file's current version")
+        return "store"
+
+    def pin_replicas(self, args: "Dict[str, Any]", reply: "Reply") -> None:
         """The head pins (or unpins) a recipe's inputs for the recipe's life:
         their replicas here are not evicted meanwhile (replica_cache.py)."""
-        fs, cache = state["fs"], state.get("cache")
+        from sshfsmux.direct_branch import DirectBranch
+        fs, cache = self.fs, self.cache
         if fs is None or cache is None:
             reply(False, "not mounted", {})
             return
         # keyed as DirectBranch.adopt and its reads key them: branch and wire path ("a/b")
         rels = [str(p).strip("/") for p in args.get("paths") or []]
-        keys = [b._key(r) for r in rels for b in fs.branches if hasattr(b, "_key")]
+        keys = [b.replica_key(r) for r in rels for b in fs.branches if isinstance(b, DirectBranch)]
         (cache.pin if args.get("pin") else cache.unpin)(keys)
         reply(True, "", {})
 
-    def drop_peers_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
+    def drop_peers(self, args: "Dict[str, Any]", reply: "Reply") -> None:
         """Peers the head saw lost: their files leave the merged tree at once
         (make then rebuilds what only they held) instead of failing with EIO
         on every access. The list is replaced whole: a lookup under way keeps
         the list it started with."""
         gone = set(str(n) for n in args.get("nodes") or [])
-        fs = state["fs"]
+        fs = self.fs
         if fs is not None:
             fs.branches = [b for b in fs.branches if b.local or b.node not in gone]
         reply(True, "", {})
 
-    # Changes made through this mount (a write handle closed, an unlink, a
-    # rename), for the head's replica catalog: the head keeps one "changes"
-    # call waiting here, answered once something changed (after COALESCE
-    # seconds, so that a burst is one answer).
-    changes: "Dict[str, Any]" = {"paths": set(), "reply": None, "armed": False}
-    changes_lock = threading.Lock()
+    # -- changes made through the mount (ChangesWaiting) ------------------------
+    def changes(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+        w = self.changes_waiting
+        with w.lock:
+            old, w.reply = w.reply, reply
+        if old is not None:
+            old(False, "superseded", {})
+        self._arm()
 
-    def flush_changes() -> None:
-        with changes_lock:
-            changes["armed"] = False
-            reply, paths = changes["reply"], changes["paths"]
+    def _on_change(self, path: str) -> None:      # a FUSE thread
+        w = self.changes_waiting
+        with w.lock:
+            if len(w.paths) < MAX_PENDING:
+                w.paths.add(path)
+        self.node.loop.call_soon_threadsafe(self._arm)
+
+    def _arm(self) -> None:
+        w = self.changes_waiting
+        with w.lock:
+            if w.armed or w.reply is None or not w.paths:
+                return
+            w.armed = True
+        self.node.loop.call_later(COALESCE, self._flush_changes)
+
+    def _flush_changes(self) -> None:
+        w = self.changes_waiting
+        with w.lock:
+            w.armed = False
+            reply, paths = w.reply, w.paths
             if reply is None or not paths:
                 return
-            changes["reply"], changes["paths"] = None, set()
+            w.reply, w.paths = None, set()
         every = sorted(p.lstrip("/") for p in paths)
         rels = every[:CHANGES_PAGE]
         if len(every) > CHANGES_PAGE:     # the rest go with the next answer
-            with changes_lock:
-                changes["paths"].update("/" + r for r in every[CHANGES_PAGE:])
+            with w.lock:
+                w.paths.update("/" + r for r in every[CHANGES_PAGE:])
 
         def work() -> None:
-            copies, gone = copies_of(state["fs"], rels)
-            in_loop(reply, True, "", {"copies": copies, "gone": gone})
+            copies, gone = copies_of(self.fs, rels)
+            self.in_loop(reply, True, "", {"copies": copies, "gone": gone})
         # the merged view asks the peers: not on the node's loop
-        threading.Thread(target=work, daemon=True).start()
+        self.in_thread(work)
 
-    def arm() -> None:
-        with changes_lock:
-            if changes["armed"] or changes["reply"] is None or not changes["paths"]:
-                return
-            changes["armed"] = True
-        node.loop.call_later(COALESCE, flush_changes)
+    # -- the node's lifetime ------------------------------------------------------
+    def cleanup(self) -> None:
+        self.stopping = True
+        self.go.set()
+        self.settled.set()
+        if is_mounted(self.cfg.mountpoint):
+            unmount(self.cfg.mountpoint)
+        self.server.close()
 
-    def on_change(path: str) -> None:      # a FUSE thread
-        with changes_lock:
-            if len(changes["paths"]) < MAX_PENDING:
-                changes["paths"].add(path)
-        node.loop.call_soon_threadsafe(arm)
-
-    def changes_call(args: "Dict[str, Any]", reply: "Callable[..., None]") -> None:
-        with changes_lock:
-            old, changes["reply"] = changes["reply"], reply
-        if old is not None:
-            old(False, "superseded", {})
-        arm()
-
-    def cleanup() -> None:
-        state["stop"] = True
-        go.set()
-        settled.set()
-        if is_mounted(mountpoint):
-            unmount(mountpoint)
-        server.close()
-
-    def runner() -> None:
-        go.wait()
-        if state["stop"] or state["fs"] is None:
+    def runner(self) -> None:
+        """The main thread's work: FUSE serves the mount until it is unmounted."""
+        from sshfsmux import merged_fs
+        self.go.wait()
+        if self.stopping or self.fs is None:
             return
         try:
-            extra = dict(allow_other=True, default_permissions=True) if allow_other else {}
-            merged_fs.run_fuse(state["fs"], mountpoint, foreground=True, **extra)
+            extra = dict(allow_other=True, default_permissions=True) if self.cfg.allow_other else {}
+            merged_fs.run_fuse(self.fs, self.cfg.mountpoint, foreground=True, **extra)
         except Exception as e:
-            state["error"] = "cannot mount %s: %s" % (mountpoint, e)
+            self.error = "cannot mount %s: %s" % (self.cfg.mountpoint, e)
         finally:
-            settled.set()
+            self.settled.set()
 
-    node.role_handlers = {"mount": mount_call, "umount": umount_call, "scan": scan_call,
-                          "changed": changed_call, "drop_peers": drop_peers_call,
-                          "changes": changes_call, "adopt": adopt_call, "pin": pin_call}
-    node.role_cleanup = cleanup
-    return {"port": server.port, "addrs": own, "node": host_name, "store": cache_dir}, runner
+
+def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Callable[[], None]]":
+    """The role's entry point: the node's service, hooked into its agent."""
+    gmount = GMountNode(node, config)
+    # how the agent hosts the service: its call handlers, its cleanup, what the
+    # head learns, and the runner that takes the main thread
+    node.role_handlers = gmount.handlers()
+    node.role_cleanup = gmount.cleanup
+    return gmount.info(), gmount.runner

@@ -249,7 +249,8 @@ class MergedFS(NameChanges, Xattrs, Operations):
                 self._note(self._single, e)  # type: ignore[arg-type]
             raise
 
-    def _file_view(self, path: str) -> View:
+    def file_view(self, path: str) -> View:
+        """Every branch's answer for `path` (the holders of a file, in branch order)."""
         return self._view(path, every=True)
 
     @staticmethod
@@ -461,12 +462,12 @@ class MergedFS(NameChanges, Xattrs, Operations):
                 raise _e(errno.EACCES)
             return self._new_fh(_VirtualHandle(self._virtual[path]))
         if acc == os.O_RDONLY and not flags & os.O_TRUNC:
-            v = self._file_view(path)
+            v = self.file_view(path)
             if v.is_dir:
                 raise _e(errno.EISDIR)
             return self._new_fh(self._reader(path, v).open_read(path))
         self._writable()
-        v = self._file_view(path)
+        v = self.file_view(path)
         if v.is_dir:
             raise _e(errno.EISDIR)
         pairs: "List[Tuple[Branch, WriteHandle]]" = []
