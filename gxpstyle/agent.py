@@ -501,12 +501,13 @@ def main(fds: Tuple[int, int]) -> None:
     node.send(parent_id, ready)
     if runner is not None:
         import threading
-        threading.Thread(target=node.loop.run, daemon=True).start()
+        loop_thread = threading.Thread(target=node.loop.run, daemon=True)
+        loop_thread.start()
         runner()
         node.loop.call_soon_threadsafe(lambda: node.shutdown(send_bye=False))
-        deadline = time.monotonic() + QUIT_GRACE + 3
-        while not node.loop._stopped and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # until the loop has stopped: the shutdown's own waits are bounded
+        # (QUIT_GRACE), this bounds a stuck one
+        loop_thread.join(QUIT_GRACE + 3)
     else:
         node.loop.run()
     os._exit(node.exit_code)

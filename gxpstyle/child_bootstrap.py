@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are st
     from typing import Any, Callable, Dict, Optional
 
 MAX_GARBAGE = 64 << 10     # what a login script may print before the marker
+EXIT_WAIT = 1.0            # how long a failed channel may take to exit before we report it
 STDERR_KEEP = 4096
 
 _EXIT_REASONS = {
@@ -66,6 +67,7 @@ class ChildStart:
         self.started = time.monotonic()
         self.timer = self.loop.call_later(timeout, self._timed_out)
         self.kill_hook: Optional[Callable[[], None]] = None
+        self.exit_wait: Optional[int] = None    # the timer of _failed_early's wait
 
     # -- process channels ------------------------------------------------
     def start_process(self, argv: list) -> None:
@@ -166,18 +168,16 @@ class ChildStart:
         if not self.finished:
             self._failed_early()
 
-    def _failed_early(self) -> None:
+    def _failed_early(self, waited: bool = False) -> None:
         if self.finished:
             return
-        # Give the process a moment to exit so its status and stderr are complete.
-        deadline = time.monotonic() + 1.0
-        rc = None
-        if self.proc is not None:
-            while time.monotonic() < deadline:
-                rc = self.proc.poll()
-                if rc is not None:
-                    break
-                time.sleep(0.01)
+        rc = self.proc.poll() if self.proc is not None else None
+        if rc is None and self.proc is not None and not waited:
+            if self.exit_wait is None:
+                # its status and last stderr come with its exit (an event)
+                self.loop.watch_child(self.proc.pid, self._failed_early)
+                self.exit_wait = self.loop.call_later(EXIT_WAIT, lambda: self._failed_early(True))
+            return
         if self.stderr_fd is not None:
             try:
                 while True:
@@ -208,6 +208,9 @@ class ChildStart:
             return
         self.finished = True
         self.loop.cancel(self.timer)
+        if self.exit_wait is not None:          # _failed_early's wait
+            self.loop.cancel(self.exit_wait)
+            self.loop.unwatch_child(self.proc.pid)  # type: ignore[union-attr]
         if not ok:
             self.kill()
         self.done_cb(self, ok, reason, self.link if ok else None, info or {})

@@ -34,6 +34,8 @@ else:
 DESCRIPTION = "Explore hosts without preinstalling anything, and run commands on all of them."
 EPILOG = "Exit status: 0 ok, 1 some host/node failed, 2 usage, 3 session problem, 130 interrupted."
 
+QUIT_WAIT = 5.0     # seconds `gxpc quit` waits for the daemon to exit after its answer
+
 # The names plugins and older code use.
 _err = verbs.err
 _write = verbs.write_stream
@@ -334,12 +336,9 @@ def cmd_quit(c: Optional[Client], a: argparse.Namespace) -> int:
     if result.get("unclean"):
         _err("quit: no clean exit from: %s" % ", ".join(result["unclean"]))
         return EXIT_FAILED
-    # Wait until the daemon has removed its socket.
-    import time
-    from gxpstyle import session
-    deadline = time.monotonic() + 5
-    while os.path.exists(session.socket_path(c.session_dir)) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    # Wait until the daemon has gone (its socket removed first): our
+    # connection ends when it exits.
+    c.wait_closed(QUIT_WAIT)
     return EXIT_OK
 
 

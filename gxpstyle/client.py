@@ -89,20 +89,20 @@ class Client:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             pass_fds=(w,), start_new_session=True, close_fds=True)
         os.close(w)
+        # "ok" on the pipe once the daemon listens; end of file if it dies first
+        # (it held the only write end): no need to watch the process itself
         deadline = time.monotonic() + START_TIMEOUT
         data = b""
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([r], [], [], 0.2)
-            if ready:
-                chunk = os.read(r, 16)
-                if not chunk:
-                    break
-                data += chunk
-                if b"ok" in data:
-                    break
-            elif proc.poll() is not None:
+        while b"ok" not in data:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
                 break
+            chunk = os.read(r, 16)
+            if not chunk:
+                break
+            data += chunk
         os.close(r)
+        proc.poll()     # reaped if it died (our child until then)
         if b"ok" not in data:
             tail = ""
             try:
@@ -112,6 +112,24 @@ class Client:
             except OSError:
                 pass
             raise ClientError("session daemon did not start%s" % (": " + tail if tail else ""))
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Block until the daemon closes the connection (it does by exiting,
+        after removing its socket), at most `timeout` seconds; False if it
+        is still there. What it sends meanwhile is dropped."""
+        deadline = time.monotonic() + timeout
+        while self.sock is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                return False
+            try:
+                if not self.sock.recv(1 << 16):
+                    return True
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                return True
+        return True
 
     def close(self) -> None:
         if self.sock is not None:

@@ -348,7 +348,8 @@ class Head(Node):
                 role: str = "") -> None:
         self.tree[nid] = NodeInfo.from_ready(nid, name, parent, channel, info, role)
         if not role:
-            self.shell.node_up(nid)
+            for svc in self.services:     # the shell's mask, make's waiting recipes
+                self._guarded(svc.node_up, "%s.node_up" % svc.name, nid)
 
     def op_spawned(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         hook = self.spawn_hooks.get(msg["req"])

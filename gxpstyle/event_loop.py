@@ -196,16 +196,18 @@ class EventLoop:
 
     def run(self) -> None:
         while not self._stopped:
-            self.run_once()
+            self.run_once(None)
 
-    def run_once(self, max_wait: float = 1.0) -> None:
+    # max_wait None: until an event or a timer (an idle loop never ticks)
+    def run_once(self, max_wait: Optional[float] = None) -> None:
         self._run_at_end()      # what was queued outside a round (before run())
         timeout = max_wait
         now = time.monotonic()
         while self._timers and self._timers[0][1] in self._cancelled:
             self._cancelled.discard(heapq.heappop(self._timers)[1])
         if self._timers:
-            timeout = max(0.0, min(timeout, self._timers[0][0] - now))
+            due = max(0.0, self._timers[0][0] - now)
+            timeout = due if timeout is None else min(timeout, due)
         with self._pending_lock:
             if self._pending:
                 timeout = 0.0

@@ -30,6 +30,7 @@ import time
 MAGIC = b"GXA1"
 HANDSHAKE_SECONDS = 10.0
 MAX_HANDSHAKES = 32
+ACCEPT_BACKOFF = 0.05      # seconds between failed accepts
 
 
 class AuthError(Exception):
@@ -142,15 +143,17 @@ def _relay(tls, plain):
     to_tls = bytearray()
     to_plain = bytearray()
     tls_eof = plain_eof = False
+    # TLS may need a read to write, or a write to read
+    recv_wants_write = send_wants_read = False
     limit = 1 << 20
     try:
         while True:
             rlist, wlist = [], []
-            if not tls_eof and len(to_plain) < limit:
+            if (not tls_eof and len(to_plain) < limit) or send_wants_read:
                 rlist.append(tls)
             if not plain_eof and len(to_tls) < limit:
                 rlist.append(plain)
-            if to_tls:
+            if to_tls or recv_wants_write:
                 wlist.append(tls)
             if to_plain:
                 wlist.append(plain)
@@ -159,34 +162,36 @@ def _relay(tls, plain):
             if tls.pending():
                 r, w = [tls], []
             else:
-                r, w, _ = select.select(rlist, wlist, [], 5.0)
-            if tls in r and not tls_eof:
+                r, w, _ = select.select(rlist, wlist, [])
+            if (tls in r or (recv_wants_write and tls in w)) and not tls_eof:
+                recv_wants_write = False
                 try:
                     data = tls.recv(65536)
-                    if data:
-                        to_plain += data
-                    else:
-                        tls_eof = True
-                except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    to_plain += data
+                    tls_eof = not data
+                except ssl.SSLWantReadError:
                     pass
+                except ssl.SSLWantWriteError:
+                    recv_wants_write = True
                 except (ssl.SSLError, OSError):
                     tls_eof = True
             if plain in r and not plain_eof:
                 try:
                     data = plain.recv(65536)
-                    if data:
-                        to_tls += data
-                    else:
-                        plain_eof = True
+                    to_tls += data
+                    plain_eof = not data
                 except (BlockingIOError, InterruptedError):
                     pass
                 except OSError:
                     plain_eof = True
             if to_tls:
+                send_wants_read = False
                 try:
                     n = tls.send(to_tls[:65536])
                     del to_tls[:n]
-                except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                except ssl.SSLWantReadError:
+                    send_wants_read = True
+                except ssl.SSLWantWriteError:
                     pass
                 except (ssl.SSLError, OSError):
                     break
@@ -198,9 +203,7 @@ def _relay(tls, plain):
                     pass
                 except OSError:
                     break
-            if tls_eof and not to_plain:
-                break
-            if plain_eof and not to_tls:
+            if (tls_eof and not to_plain) or (plain_eof and not to_tls):
                 break
     finally:
         for s in (tls, plain):
@@ -285,7 +288,9 @@ class Listener(object):
             except OSError:
                 if self.closed:
                     return
-                time.sleep(0.05)
+                # out of descriptors or memory: no event says one is free
+                # again; a pause instead of a spinning thread
+                time.sleep(ACCEPT_BACKOFF)
                 continue
             if not self.slots.acquire(blocking=False):
                 conn.close()

@@ -173,9 +173,12 @@ class _Shell:
         readers: List[Any] = [c.fileno()]
         if self._wants_stdin():
             readers.append(self.stdin_fd)
+        # No timeout: every change is an event here. A Ctrl-C's kill goes out
+        # from the handler itself, or is queued behind a frame already half
+        # sent, and then the socket is among the writers already.
         writers = [c.fileno()] if c.out_buf else []
         try:
-            readable, writable, _ = select.select(readers, writers, [], 0.5)
+            readable, writable, _ = select.select(readers, writers, [])
         except InterruptedError:
             return
         if writable:

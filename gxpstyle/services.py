@@ -54,6 +54,9 @@ class Service:
     def verbs(self) -> Dict[str, Verb]:
         return {}
 
+    def node_up(self, nid: str) -> None:
+        """A node that runs jobs came up (an explore reached it)."""
+
     def node_lost(self, lost: str, reason: str) -> None:
         """Every node under `lost` (itself included) is gone."""
 

@@ -186,7 +186,7 @@ def _follow(c: object, node: str, job: int) -> Tuple[int, str]:
     """Stream the job's output to ours until its exit: (status, error)."""
     while True:
         try:
-            item = c.next_message(0.5)  # type: ignore[attr-defined]
+            item = c.next_message()  # type: ignore[attr-defined]
         except InterruptedError:
             continue
         if item is None:

@@ -103,8 +103,14 @@ class MakeService(Service):
         for key in [k for k in self.started if k[0] == client]:
             del self.started[key]
 
+    def node_up(self, nid: str) -> None:
+        if self.waiting:        # a recipe waiting for any free slot may run there
+            self._retry()
+
     def node_lost(self, lost: str, reason: str) -> None:
         self.transfers.node_lost(lost)
+        if self.waiting:        # one waiting for that node now goes elsewhere, or fails
+            self._retry()
 
     def stat(self) -> Dict[str, Any]:
         return dict(self.transfers.stat(), make_waiting=len(self.waiting))
@@ -152,14 +158,15 @@ class MakeService(Service):
 
     def _arm(self) -> None:
         """Retry the waiting recipes when the first SOFT wait runs out (a
-        wait bounded by a quick fetch can be much shorter than the delay)."""
-        if not self.waiting:
+        wait bounded by a quick fetch can be much shorter than the delay).
+        Nothing else is a matter of time: a freed slot (job_done), a node up
+        or lost, a fetch that changes the rate a wait is weighed against
+        retry them as they happen."""
+        soonest = min((w.retry_at for w in self.waiting if w.retry_at is not None), default=None)
+        if soonest is None:
             return
         now = time.monotonic()
-        wait = max(0.1, self.placement.delay / 4.0)
-        soonest = min((w.retry_at for w in self.waiting if w.retry_at is not None), default=None)
-        if soonest is not None:
-            wait = max(0.02, min(wait, soonest - now))
+        wait = max(0.0, soonest - now)
         if self._timer is not None:
             if self._timer_at <= now + wait:
                 return
@@ -218,6 +225,8 @@ class MakeService(Service):
             if copying[0]:        # not when there was nothing to copy
                 self.placement.observe_fetch(fetch, time.monotonic() - staged)
             start()
+            if copying[0] and self.waiting:
+                self._retry()     # a wait weighed against the old rate may be over
         self.transfers.stage((cid, job), nid, paths, measured)
         copying[0] = True
 

@@ -38,6 +38,7 @@ EXIT_NO_RUN = 127
 NOT_COPIED = HOST_BOUND - {"SHLVL"}
 LOGIN_ONLY = ("SSH_CLIENT", "SSH2_CLIENT", "SSH_CONNECTION", "SSH_TTY")
 MAX_REQUEST = 64 << 20
+PROGRESS_EVERY = 0.2      # seconds between redraws of the progress line, at most
 _FDS = struct.calcsize("3i")
 
 
@@ -159,6 +160,8 @@ class Relay:
         self.progress_fd = progress_fd       # a terminal for the progress line, or None
         self.progress_shown = False
         self.progress_at = 0.0
+        self.progress_line = ""
+        self.progress_due: Optional[float] = None   # a redraw held back (PROGRESS_EVERY)
         self.done = 0
         self.dead = ""                       # why the session is gone, once it is
         self.accept_paused = False           # no fd left for another recipe just now
@@ -478,18 +481,33 @@ class Relay:
                                                            status, r.out_bytes))
         self.joblog.flush()
 
-    def _progress(self, force_clear: bool = False) -> None:
+    def _progress(self) -> None:
+        """Redraw the progress line if it changed, at most every PROGRESS_EVERY
+        seconds: a change within that is drawn when it runs out (progress_due)."""
         if self.progress_fd is None:
             return
-        now = time.monotonic()
-        if now - self.progress_at < 0.2:
-            return
-        self.progress_at = now
         busy = len({r.node for r in self.by_job.values()})
         line = ("\rgxpc make: %d done, %d running, %d waiting for a node, %d node%s busy\x1b[K"
                 % (self.done, len(self.by_job), len(self.by_req), busy, "" if busy == 1 else "s"))
+        if self.progress_shown and line == self.progress_line:
+            self.progress_due = None
+            return
+        now = time.monotonic()
+        if now - self.progress_at < PROGRESS_EVERY:
+            self.progress_due = self.progress_at + PROGRESS_EVERY
+            return
+        self.progress_due = None
+        self.progress_at = now
         _write_all(self.progress_fd, line.encode())
         self.progress_shown = True
+        self.progress_line = line
+
+    def _wait_ms(self) -> Optional[int]:
+        """How long a round may wait for an event: until a redraw is due, else
+        without end."""
+        if self.progress_due is None:
+            return None
+        return max(0, int((self.progress_due - time.monotonic()) * 1000) + 1)
 
     def _clear_progress(self) -> None:
         if self.progress_shown and self.progress_fd is not None:
@@ -515,9 +533,8 @@ class Relay:
         self.poll.register(done_fd, select.POLLIN)
         listen_fd, head_fd = self.listener.fileno(), self.c.sock.fileno()
         try:
-            timeout = 200 if self.progress_fd is not None else None
             while True:
-                for fd, _events in self.poll.poll(timeout):
+                for fd, _events in self.poll.poll(self._wait_ms()):
                     if fd == done_fd:
                         return
                     if fd == listen_fd:

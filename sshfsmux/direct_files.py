@@ -177,7 +177,7 @@ class _Fetch(_Pending):
                 if left <= 0:
                     self.branch.not_answering("the stream stood still for %gs" % timeout)
                     raise _oserror(errno.EIO, "the stream stood still for %gs" % timeout)
-                self.cond.wait(min(left, 1.0))
+                self.cond.wait(left)     # notified on every chunk, the end and a failure
             if self.received < end and self.failed is not None:
                 raise _oserror(errno.EIO, self.failed)
 

@@ -261,7 +261,7 @@ class FrameConn:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         raise ConnectionLost("timed out waiting to send")
-                    self._space.wait(left if left is not None else 1.0)
+                    self._space.wait(left)     # notified as the queue drains or closes
             if self.closing:
                 raise ConnectionLost(self.reason or "connection closed")
             was_empty = self._out_bytes == 0
@@ -365,7 +365,7 @@ class FrameConn:
             if want != registered:
                 poller.modify(sfd, want)
                 registered = want
-            events = poller.poll(1000)
+            events = poller.poll(self._wait_ms())
             readable = writable = False
             for fd, ev in events:
                 if fd == sfd:
@@ -388,6 +388,20 @@ class FrameConn:
             elif writable and self._read_wants_write:
                 self._read()
             self._check_deadlines()
+
+    def _wait_ms(self) -> "Optional[int]":
+        """How long the poll may wait: until the first deadline _check_deadlines
+        enforces, or without end (None) while none runs: the wake-up pipe and
+        the socket bring every other change."""
+        due = None
+        if self._partial_since is not None and self._reader.pending:
+            due = self._partial_since + self.frame_seconds
+        if self._out_bytes:
+            stall = self._last_progress + self.stall_seconds
+            due = stall if due is None else min(due, stall)
+        if due is None:
+            return None
+        return max(0, int((due - time.monotonic()) * 1000) + 1)
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
