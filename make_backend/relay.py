@@ -16,6 +16,7 @@ Head side only; standard library.
 """
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import select
@@ -24,9 +25,10 @@ import socket
 import stat
 import struct
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from gxpstyle import wire
+from gxpstyle.event_loop import EventLoop
 from make_backend import recipe_files
 from make_backend.job_shell import HOST_BOUND
 
@@ -149,9 +151,13 @@ class Relay:
         self.listener.bind(path)
         self.listener.listen(1024)
         self.listener.setblocking(False)
-        self.poll = select.poll()
-        self.poll.register(self.listener.fileno(), select.POLLIN)
-        self.poll.register(self.c.sock.fileno(), select.POLLIN)
+        # the one event loop (gxpstyle/event_loop.py): every fd below is read
+        # by a callback; what a round queued for the head leaves at its end
+        self.loop = EventLoop()
+        self.loop.add_reader(self.listener.fileno(), self._in_round(self._accept))
+        self.loop.add_reader(self.c.sock.fileno(), self._in_round(self._from_head_or_gone))
+        self.round_end_queued = False
+        self.progress_timer: Optional[int] = None
         self.by_fd: Dict[int, Recipe] = {}
         self.by_req: Dict[int, Recipe] = {}
         self.by_job: Dict[int, Recipe] = {}
@@ -168,18 +174,40 @@ class Relay:
         self.fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self.fd_base = 16 + len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 64
         self.base_env: Optional[Dict[str, Optional[str]]] = None   # sent once (`env` verb)
-        self.out = bytearray()               # frames to the head, sent once per poll round
+        self.out = bytearray()               # frames to the head, sent once per round
         self.env_diffs: Dict[bytes, Dict[str, Optional[str]]] = {}
         self.block_hints: Dict[bytes, Dict[str, Any]] = {}   # placement hints (recipe_files.py)
         self.dir_hints = recipe_files.DirHints()
         self.explain_fd = explain_fd         # --explain-placement: a line per recipe there
         self.null_rdev: Optional[int] = None  # /dev/null's device: no stdin worth reading
 
+    # -- the loop -----------------------------------------------------------------
+    def _in_round(self, handle: Callable[[], None]) -> Callable[[], None]:
+        """`handle`, then (once a round, after every event of it) _end_round."""
+        def run() -> None:
+            handle()
+            if not self.round_end_queued:
+                self.round_end_queued = True
+                self.loop.at_end(self._end_round)
+        return run
+
+    def _end_round(self) -> None:
+        self.round_end_queued = False
+        self._flush()
+        self._progress()
+        if self.progress_due is not None and self.progress_timer is None:
+            self.progress_timer = self.loop.call_later(
+                max(0.0, self.progress_due - time.monotonic()), self._progress_due_now)
+
+    def _progress_due_now(self) -> None:
+        self.progress_timer = None
+        self._end_round()
+
     # -- clients ----------------------------------------------------------------
     def _pause_accept(self) -> None:
         if not self.accept_paused:
             self.accept_paused = True
-            self.poll.unregister(self.listener.fileno())
+            self.loop.remove_reader(self.listener.fileno())
 
     def _accept(self) -> None:
         while True:
@@ -198,7 +226,7 @@ class Relay:
             conn.setblocking(False)
             r = Recipe(conn, [])
             self.by_fd[conn.fileno()] = r
-            self.poll.register(conn.fileno(), select.POLLIN)
+            self.loop.add_reader(conn.fileno(), self._in_round(functools.partial(self._readable, r)))
 
     def _readable(self, r: Recipe) -> None:
         try:
@@ -254,7 +282,7 @@ class Relay:
         self._stop_stdin(r)
         fd = r.conn.fileno()
         if self.by_fd.pop(fd, None) is not None:
-            self.poll.unregister(fd)
+            self.loop.remove_reader(fd)
         if r.req is not None:
             self.by_req.pop(r.req, None)
             r.req = None
@@ -266,7 +294,7 @@ class Relay:
         r.fds = []
         if self.accept_paused:
             self.accept_paused = False
-            self.poll.register(self.listener.fileno(), select.POLLIN)
+            self.loop.add_reader(self.listener.fileno(), self._in_round(self._accept))
 
     # -- the head -----------------------------------------------------------------
     def _wants_stdin(self, fd: int) -> bool:
@@ -307,7 +335,7 @@ class Relay:
         if r.stdin:
             r.stdin = False
             self.by_stdin.pop(r.fds[0], None)
-            self.poll.unregister(r.fds[0])
+            self.loop.remove_reader(r.fds[0])
 
     def _submit(self, r: Recipe) -> None:
         if self.dead:
@@ -381,6 +409,12 @@ class Relay:
             except OSError as e:
                 self._session_gone("the session daemon went away (%s)" % (e.strerror or e))
 
+    def _from_head_or_gone(self) -> None:
+        try:
+            self._from_head()
+        except (ConnectionError, OSError) as e:
+            self._session_gone(str(e) or "the session daemon went away")
+
     def _from_head(self) -> None:
         try:
             data = self.c.sock.recv(1 << 20)
@@ -416,7 +450,7 @@ class Relay:
             if r.want_stdin and not r.stdin and r.fds:
                 r.stdin = True
                 self.by_stdin[r.fds[0]] = r
-                self.poll.register(r.fds[0], select.POLLIN)
+                self.loop.add_reader(r.fds[0], self._in_round(functools.partial(self._stdin_readable, r)))
             if r.signals:
                 sig = r.signals.pop()
                 self._signal(r, sig)
@@ -502,13 +536,6 @@ class Relay:
         self.progress_shown = True
         self.progress_line = line
 
-    def _wait_ms(self) -> Optional[int]:
-        """How long a round may wait for an event: until a redraw is due, else
-        without end."""
-        if self.progress_due is None:
-            return None
-        return max(0, int((self.progress_due - time.monotonic()) * 1000) + 1)
-
     def _clear_progress(self) -> None:
         if self.progress_shown and self.progress_fd is not None:
             _write_all(self.progress_fd, b"\r\x1b[K")
@@ -520,44 +547,26 @@ class Relay:
             return
         self.dead = why
         self.out = bytearray()
-        self.poll.unregister(self.c.sock.fileno())
+        self.loop.remove_reader(self.c.sock.fileno())
         for r in list(self.by_req.values()) + list(self.by_job.values()):
             if r.exit is not None:     # it ran; only the settling is lost
                 self._finish(r, *r.exit)
             else:
                 self._finish(r, EXIT_NO_RUN, why)
 
-    # -- the loop -----------------------------------------------------------------
+    # -- serving ------------------------------------------------------------------
     def serve(self, done_fd: int) -> None:
         """Until done_fd is readable (make exited); then stop what is left."""
-        self.poll.register(done_fd, select.POLLIN)
-        listen_fd, head_fd = self.listener.fileno(), self.c.sock.fileno()
+        self.loop.add_reader(done_fd, self.loop.stop)
         try:
-            while True:
-                for fd, _events in self.poll.poll(self._wait_ms()):
-                    if fd == done_fd:
-                        return
-                    if fd == listen_fd:
-                        self._accept()
-                    elif fd == head_fd:
-                        try:
-                            self._from_head()
-                        except (ConnectionError, OSError) as e:
-                            self._session_gone(str(e) or "the session daemon went away")
-                    else:
-                        r = self.by_fd.get(fd)
-                        if r is not None:
-                            self._readable(r)
-                        elif fd in self.by_stdin:
-                            self._stdin_readable(self.by_stdin[fd])
-                self._flush()
-                self._progress()
+            self.loop.run()
         finally:
             self._clear_progress()
             for r in list(self.by_fd.values()):
                 self._client_gone(r)
             self._flush()
             self.listener.close()
+            self.loop.close()
             try:
                 os.unlink(self.path)
             except OSError:
