@@ -48,13 +48,11 @@ def _pump(chan: Any, data_sock: socket.socket, err_sock: socket.socket) -> None:
     data_sock.setblocking(True)
     try:
         while True:
-            # no timeout: the channel's fileno is a pipe paramiko sets on data,
-            # stderr, end of file and close
-            r, _, _ = select.select([chan, data_sock], [], [])
+            r, _, _ = select.select([chan, data_sock], [], [], 1.0)
             if chan in r or chan.recv_ready() or chan.recv_stderr_ready():
                 while chan.recv_stderr_ready():
                     err_sock.sendall(chan.recv_stderr(65536))
-                if chan.recv_ready() or chan.eof_received:
+                if chan.recv_ready():
                     data = chan.recv(65536)
                     if not data:
                         break

@@ -1,4 +1,4 @@
-"""Rules the code keeps, checked by reading it (docs/how-it-works.md):
+"""Rules the code keeps, checked by reading it:
 
 - no waiting on a timer: no sleep, and no select, poll, wait or call_later
   with a fixed number of seconds, except the few places below, each with
@@ -45,6 +45,9 @@ TIMED_WAITS_ALLOWED: Dict[str, str] = {
         "the kernel",
     "gxpstyle/child_bootstrap.py:ChildStart.reap":
         "at quit, the grace after SIGKILL for a channel that had its chance to exit",
+    "gxpstyle/paramiko_channel.py:_pump":
+        "paramiko's fileno() is a pipe it sets and clears for stdout and stderr from two "
+        "threads without one lock (its OR-pipe can lose a wake-up): a recheck each second",
     "make_backend/hook_c.py:CLIENT":
         "sendmsg refused with ETOOMANYREFS (the user's descriptors in flight): nothing "
         "reports the relay taking them; a doubling pause up to 20 ms",
