@@ -31,6 +31,25 @@ VENV = os.environ.get("GXP_VENV", "/opt/gxpstyle/venv")
 GXPC = os.path.join(VENV, "bin", "gxpc")
 
 
+def ensure_anchor(program: str, package: str) -> "str | None":
+    """The path of an anchor program, installed with apt-get first when it is
+    missing and we are root (benchmarks bring their own anchors, as the tests
+    do); None when it cannot be had (the case is then left out and said so)."""
+    found = shutil.which(program)
+    if found or os.getuid() != 0 or not shutil.which("apt-get"):
+        return found
+    log("installing %s for the anchor (apt-get install %s)" % (program, package))
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for argv in (["apt-get", "install", "-y", "-qq", package],
+                 ["sh", "-c", "apt-get update -qq && apt-get install -y -qq %s" % package]):
+        subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, env=env, check=False)
+        found = shutil.which(program)
+        if found:
+            return found
+    return None
+
+
 class BenchError(RuntimeError):
     pass
 

@@ -41,11 +41,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import uuid
 
-from bench_harness import Bench, BenchError, fuse_at, log, main_driver, ratio_text, user_pids, value_text
+from bench_harness import (Bench, BenchError, ensure_anchor, fuse_at, log, main_driver, ratio_text,
+                           user_pids, value_text)
 
 N_HOSTS = 32
 HOST_CASES = (8, 16, 32)
@@ -197,8 +197,8 @@ class GMountBench(Bench):
     # -- driver ------------------------------------------------------------
     def setup(self) -> None:
         self.check_installed()
-        if not shutil.which("sshfs"):
-            raise BenchError("sshfs is not installed (for the anchor)")
+        if not ensure_anchor("sshfs", "sshfs"):
+            raise BenchError("sshfs is not installed and apt-get could not install it (the anchor)")
         self.open_fuse()
         dt = self.bed_up(["tb%02d" % i for i in range(1, N_HOSTS + 1)], "gxpgm", bw=self.a.bw)
         self.make_dir(self.top)
