@@ -307,6 +307,8 @@ MAX_WHERE_PATHS = 4096
 def check_where(a: argparse.Namespace) -> None:
     if len(a.paths) > MAX_WHERE_PATHS:
         raise UsageError("where: at most %d paths at once" % MAX_WHERE_PATHS)
+    if "" in a.paths:
+        raise UsageError("where: an empty path names nothing")
     a.paths = [os.path.abspath(p) for p in a.paths]
     for p in a.paths:
         if len(os.fsencode(p)) >= PATH_MAX:

@@ -12,6 +12,7 @@ import json
 import os
 import pwd
 import re
+import shutil
 import signal
 import socket
 import stat
@@ -138,25 +139,25 @@ def test_sshfsm_cache_dir_is_made_private_under_an_existing_parent(tmp_path):
     export, mnt = tmp_path / "export", tmp_path / "mnt"
     export.mkdir()
     mnt.mkdir()
+
+    def mount(cache_dir):
+        return subprocess.run([sshfsm, "-o", "cache_dir=%s" % cache_dir, str(export), str(mnt)],
+                              capture_output=True, text=True, timeout=60)
     old = os.umask(0o022)
     try:
-        r = subprocess.run([sshfsm, "-o", "cache_dir=%s" % (tmp_path / "a" / "b" / "c"),
-                            str(export), str(mnt)], capture_output=True, text=True, timeout=60)
+        r = mount(tmp_path / "a" / "b" / "c")
         assert r.returncode != 0 and r.stderr.count("\n") == 1, r.stderr
         assert "%s: no such directory" % (tmp_path / "a" / "b") in r.stderr, r.stderr
         assert not os.path.exists(tmp_path / "a")
-        r = subprocess.run([sshfsm, "-o", "cache_dir=%s" % (tmp_path / "cache"), str(export), str(mnt)],
-                           capture_output=True, text=True, timeout=60)
-        try:
-            assert r.returncode == 0, r.stderr
-            assert stat.S_IMODE(os.stat(tmp_path / "cache").st_mode) == 0o700
-        finally:
-            subprocess.run(["fusermount", "-u", str(mnt)], capture_output=True, timeout=30)
+        r = mount(tmp_path / "cache")
+        assert r.returncode == 0, r.stderr
+        assert stat.S_IMODE(os.stat(tmp_path / "cache").st_mode) == 0o700
     finally:
         os.umask(old)
-    deadline = time.monotonic() + 10
-    while os.path.ismount(str(mnt)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+        deadline = time.monotonic() + 10
+        while os.path.ismount(str(mnt)) and time.monotonic() < deadline:
+            subprocess.run(["fusermount", "-u", str(mnt)], capture_output=True, timeout=30)
+            time.sleep(0.1)
 
 
 # -- 4. gxpc mount ---------------------------------------------------------------------
@@ -231,9 +232,13 @@ def test_quit_removes_what_a_killed_make_left(gxp):
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait(timeout=30)
-    assert all(os.path.exists(x) for x in left)     # SIGKILL: nothing could clean up
-    gxp.ok("quit")
-    assert not any(os.path.exists(x) for x in left), left
+    try:
+        assert all(os.path.exists(x) for x in left)     # SIGKILL: nothing could clean up
+        gxp.ok("quit")
+        assert not any(os.path.exists(x) for x in left), left
+    finally:
+        for x in left:
+            shutil.rmtree(x, ignore_errors=True)
 
 
 # -- 8. exit codes and words -----------------------------------------------------------
