@@ -46,7 +46,7 @@ PLOT = Verb("plot", "draw a gxpc make --trace file: transfers and bytes over tim
             session=OPTIONAL, check=lambda a: _check_plot(a),
             description="gxpc plot TRACE -o OUT.png: a row per node with its transfers (push, pull) "
                         "and recipes over time, and the cumulative bytes transferred. TRACE is "
-                        "read line by line: at most 64 MiB, 64 KiB a line, 256 nodes. Needs "
+                        "read line by line: at most 16 MiB, 64 KiB a line, 256 nodes. Needs "
                         "matplotlib (pip install 'gxpstyle[plot]').")
 
 

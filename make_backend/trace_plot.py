@@ -16,10 +16,11 @@ from typing import Any, Dict, List, Tuple
 from gxpstyle import safe_paths
 
 INSTALL_HINT = "plotting needs matplotlib: pip install 'gxpstyle[plot]' (or pip install matplotlib)"
-# What plot reads and draws, at most: a trace of 64 MiB is a run of some
-# 300,000 recipes and transfers; no line of gxpc make --trace nears 64 KiB;
-# past 256 rows a figure is no longer readable (nor drawable in bounded time).
-MAX_TRACE_BYTES = 64 << 20
+# What plot reads and draws, at most: a trace of 16 MiB is a run of some
+# 100,000 recipes and transfers (drawn in about 6 s and 200 MB); no
+# line of gxpc make --trace nears 64 KiB; past 256 rows a figure is no
+# longer readable.
+MAX_TRACE_BYTES = 16 << 20
 MAX_LINE_BYTES = 64 << 10
 MAX_NODES = 256
 FORMATS = (".png", ".svg", ".pdf")
@@ -46,7 +47,11 @@ def check_output(path: str) -> str:
     return ext[1:]
 
 
-def _record(path: str, n: int, raw: bytes) -> Dict[str, Any]:
+# One bar: (what, node, start, end, bytes); what is "recipe", or a transfer's mode.
+Bar = Tuple[str, str, float, float, int]
+
+
+def _record(path: str, n: int, raw: bytes) -> Bar:
     try:
         if b"\0" in raw:
             raise UnicodeDecodeError("utf-8", raw, 0, 1, "NUL")
@@ -57,16 +62,16 @@ def _record(path: str, n: int, raw: bytes) -> Dict[str, Any]:
         rec = json.loads(line)
         if rec.get("kind") not in ("recipe", "transfer"):
             raise ValueError
-        rec["start"], rec["end"], rec["node"] = float(rec["start"]), float(rec["end"]), str(rec["node"])
-        rec["bytes"] = int(rec.get("bytes") or 0)
-        if not (math.isfinite(rec["start"]) and math.isfinite(rec["end"])) or len(rec["node"]) > 1024:
+        start, end, node = float(rec["start"]), float(rec["end"]), str(rec["node"])
+        if not (math.isfinite(start) and math.isfinite(end)) or len(node) > 1024:
             raise ValueError
+        what = "recipe" if rec["kind"] == "recipe" else str(rec.get("mode"))[:16]
+        return (what, node, start, end, int(rec.get("bytes") or 0))
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
         raise PlotError("%s:%d: not a line of gxpc make --trace" % (path, n)) from None
-    return rec
 
 
-def read_trace(path: str) -> List[Dict[str, Any]]:
+def read_trace(path: str) -> List[Bar]:
     """The trace's records, read line by line (at most MAX_TRACE_BYTES in all,
     MAX_LINE_BYTES a line, MAX_NODES nodes)."""
     try:
@@ -77,7 +82,7 @@ def read_trace(path: str) -> List[Dict[str, Any]]:
         raise PlotError("cannot read %s: %s" % (path, e.strerror)) from None
     except OSError as e:
         raise PlotFailed("cannot read %s: %s" % (path, e.strerror)) from None
-    out = []
+    out: List[Bar] = []
     nodes = set()
     with f:
         n = 0
@@ -95,22 +100,22 @@ def read_trace(path: str) -> List[Dict[str, Any]]:
             if not raw.strip():
                 continue
             rec = _record(path, n, raw)
-            nodes.add(rec["node"])
+            nodes.add(rec[1])
             if len(nodes) > MAX_NODES:
                 raise PlotError("%s: more than %d nodes; plot draws a row per node, %d at most"
                                 % (path, MAX_NODES, MAX_NODES))
-            out.append({k: rec.get(k) for k in ("kind", "start", "end", "node", "mode", "bytes")})
+            out.append(rec)
     if not out:
         raise PlotError("%s: no recipe or transfer in it" % path)
     return out
 
 
-def cumulative(recs: List[Dict[str, Any]], t0: float) -> Tuple[List[float], List[float]]:
+def cumulative(recs: List[Bar], t0: float) -> Tuple[List[float], List[float]]:
     """(seconds, MB delivered by then), a step at each transfer's end."""
     xs, ys, total = [0.0], [0.0], 0.0
-    for r in sorted((r for r in recs if r["kind"] == "transfer"), key=lambda r: r["end"]):
-        total += r["bytes"] / 1e6
-        xs.append(r["end"] - t0)
+    for _, _, _, end, nbytes in sorted((r for r in recs if r[0] != "recipe"), key=lambda r: r[3]):
+        total += nbytes / 1e6
+        xs.append(end - t0)
         ys.append(total)
     return xs, ys
 
@@ -124,18 +129,16 @@ def plot(trace: str, out: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise PlotFailed(INSTALL_HINT)
-    t0 = min(r["start"] for r in recs)
-    nodes = sorted({r["node"] for r in recs})
+    t0 = min(r[2] for r in recs)
+    nodes = sorted({r[1] for r in recs})
     row = {n: i for i, n in enumerate(nodes)}
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 2 + 0.35 * len(nodes) + 3),
                                       gridspec_kw={"height_ratios": [max(2, len(nodes)), 4]})
     colours = {"push": "tab:blue", "pull": "tab:orange"}
     # one call per row and kind: an artist per bar would not end for long traces
     bars: Dict[Tuple[str, str], List[Tuple[float, float]]] = {}
-    for r in recs:
-        kind = "recipe" if r["kind"] == "recipe" else str(r.get("mode"))
-        s, e = r["start"] - t0, r["end"] - t0
-        bars.setdefault((r["node"], kind), []).append((s, max(e - s, 1e-3)))
+    for kind, node, start, end, _ in recs:
+        bars.setdefault((node, kind), []).append((start - t0, max(end - start, 1e-3)))
     for (node, kind), spans in bars.items():
         y = row[node]
         if kind == "recipe":

@@ -111,8 +111,8 @@ def test_plot_reads_under_a_cap_and_writes_only_a_named_image(tmp_path):
     one_line(_plot(tmp_path, "/dev/zero", "-o", out), "/dev/zero: not a regular file", 2)
     big = tmp_path / "big.trace"
     with open(big, "wb") as f:
-        f.truncate(65 << 20)            # sparse: refused by its size, never read
-    one_line(_plot(tmp_path, str(big), "-o", out), "over the 64 MiB", 2)
+        f.truncate(17 << 20)            # sparse: refused by its size, never read
+    one_line(_plot(tmp_path, str(big), "-o", out), "over the 16 MiB", 2)
     noline = tmp_path / "noline.trace"
     noline.write_bytes(b"{" * (1 << 20))
     one_line(_plot(tmp_path, str(noline), "-o", out), "a line over 64 KiB", 2)
