@@ -367,7 +367,8 @@ def _remove_dead_make_relays() -> None:
     directory, named after its pid (make_backend/make_command.py relay_dir)."""
     import tempfile
     from gxpstyle import safe_paths
-    safe_paths.remove_dead_owner_dirs(tempfile.gettempdir(), "gxpmake-")
+    for parent in {tempfile.gettempdir(), "/tmp"}:
+        safe_paths.remove_dead_owner_dirs(parent, "gxpmake-")
 
 
 # -- the core's verbs ------------------------------------------------------------------

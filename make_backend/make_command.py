@@ -244,8 +244,13 @@ def relay_dir() -> str:
     """A private directory for the relay's socket, named after this process so
     that one left by a `gxpc make` killed with SIGKILL is known to be dead:
     the next make (and `gxpc quit`) removes those."""
-    safe_paths.remove_dead_owner_dirs(tempfile.gettempdir(), RELAY_PREFIX)
-    return tempfile.mkdtemp(prefix="%s%d-" % (RELAY_PREFIX, os.getpid()))
+    parent = tempfile.gettempdir()
+    prefix = "%s%d-" % (RELAY_PREFIX, os.getpid())
+    if len(os.fsencode(os.path.join(parent, prefix + "x" * 8, "relay"))) > 107:
+        parent = "/tmp"     # $TMPDIR too long for a Unix socket's path
+    for d in {parent, tempfile.gettempdir()}:
+        safe_paths.remove_dead_owner_dirs(d, RELAY_PREFIX)
+    return tempfile.mkdtemp(prefix=prefix, dir=parent)
 
 
 def make_program() -> str:

@@ -347,3 +347,25 @@ def test_the_client_budget_refuses_connections_past_its_cap():
     assert b.admit_problem(1) is None
     assert "2 clients are connected" in (b.admit_problem(2) or "")
     assert b.log_line("x") == "x" and b.log_line("y") is None
+
+
+def test_mount_hands_its_timeout_to_every_node():
+    """The head passes -o timeout=N to each node's mount service, whose
+    config already takes it (sshfsmux/gmount_node.py start)."""
+    from types import SimpleNamespace
+
+    from sshfsmux import gmount_control
+
+    configs = []
+    head = SimpleNamespace(
+        tree={"0": SimpleNamespace(state="up", role="", hostname="h0", name="head"),
+              "0.1": SimpleNamespace(state="up", role="", hostname="h1", name="n1")},
+        push_modules=lambda modules, nodes: None,
+        spawn_service=lambda nid, name, role, module, config, timeout, up: configs.append(config))
+    svc = gmount_control.GMountService(head)
+    args = {"export": "/e", "mountpoint": "/m", "timeout": 7}
+    gmount_control.MOUNT_ARGS.check(args, "mount")
+    svc.request_mount("c1", 1, args)
+    assert [c["timeout"] for c in configs] == [7, 7]
+    with pytest.raises(Exception, match="from 1 to 3600"):
+        gmount_control.MOUNT_ARGS.check(dict(args, timeout=3601), "mount")
