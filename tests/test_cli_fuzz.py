@@ -89,7 +89,7 @@ def _user_tmp(uid: "int | None") -> set:
     for name in os.listdir("/tmp"):
         try:
             st = os.lstat(os.path.join("/tmp", name))
-        except FileNotFoundError:
+        except OSError:     # gone, or another user's FUSE mount (EACCES even for root)
             continue
         if uid is None or st.st_uid == uid:
             out.add(name)
