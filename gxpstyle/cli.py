@@ -34,7 +34,9 @@ else:
     hostpattern = verbs.LazyModule("gxpstyle.hostpattern")
 
 DESCRIPTION = "Explore hosts without preinstalling anything, and run commands on all of them."
-EPILOG = "Exit status: 0 ok, 1 some host/node failed, 2 usage, 3 session problem, 130 interrupted."
+EPILOG = ("Exit status: 0 ok, 1 some host/node failed or a file could not be read or written, "
+          "2 usage (a bad argument, pattern, configuration or input file), 3 session problem, "
+          "130 interrupted.")
 
 # The names plugins and older code use.
 _err = verbs.err
