@@ -247,6 +247,26 @@ def test_a_joblog_that_is_not_a_regular_file_is_usage_not_no_session(gxp):
     one_line(gxp.run("make", "--trace=/dev/null", "-n"), "--trace /dev/null: not a regular file", 2)
 
 
+def test_a_joblog_on_a_full_disk_is_an_io_error(gxp):
+    if os.getuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    d = user_dir(gxp, "gxpbi-full")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0777", "tmpfs", d], check=True)
+    try:
+        fd = os.open(os.path.join(d, "filler"), os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"x" * 4096):
+                pass
+        except OSError:         # full
+            pass
+        finally:
+            os.close(fd)
+        r = gxp.run("make", "--joblog", os.path.join(d, "jobs"), "-n")
+        one_line(r, "cannot write the job log: No space left on device", 1)
+    finally:
+        subprocess.run(["umount", "-l", d])
+
+
 def test_where_with_a_path_longer_than_path_max_is_usage(gxp):
     one_line(gxp.run("where", "/" + "a" * 5000), "longer than a path can be", 2)
 
