@@ -16,6 +16,7 @@ their DEST the same way in bcast_agent.py.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
 
@@ -72,9 +73,12 @@ def open_output(path: str, binary: bool = False) -> "IO":
     except BaseException:
         os.close(fd)
         raise
+    raw = io.FileIO(fd, "w")
+    raw.name = path         # as open(path) names it, not by its fd number
+    buffered = io.BufferedWriter(raw)
     if binary:
-        return os.fdopen(fd, "wb")
-    return os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape")
+        return buffered
+    return io.TextIOWrapper(buffered, encoding="utf-8", errors="surrogateescape")
 
 
 def open_input(path: str, cap: int) -> "IO[bytes]":
