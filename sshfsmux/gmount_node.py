@@ -134,10 +134,9 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
     if not os.path.isdir(export):
         raise ValueError("export %s: no such directory" % export)
     if not os.path.isdir(mountpoint):
-        try:
-            os.makedirs(mountpoint, 0o755)
-        except OSError as e:
-            raise ValueError("mountpoint %s: %s" % (mountpoint, e.strerror))
+        # as mount(8) and sshfs: the mountpoint is the user's directory, never made here
+        raise ValueError("mountpoint %s: %s" % (mountpoint, "not a directory" if os.path.lexists(
+            mountpoint) else "no such directory (make it first, e.g. gxpc e mkdir -p DIR)"))
     if is_mounted(mountpoint):
         raise ValueError("mountpoint %s: already a mount point" % mountpoint)
     try:
