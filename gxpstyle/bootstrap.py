@@ -153,8 +153,19 @@ def build_payload(sources: "Dict[str, str]", codes: "Optional[bytes]" = None,
 
 def head_sources() -> Dict[str, str]:
     """The agent modules' sources from the head's installation, with the
-    packages holding them (an agent imports a package's __init__ first)."""
-    return module_sources(AGENT_MODULES)
+    packages holding them whose __init__ has code: the loader makes any name
+    with shipped modules under it a package, so an empty one (or a docstring)
+    would only cost payload bytes."""
+    sources = module_sources(AGENT_MODULES)
+    return {name: src for name, src in sources.items() if name in AGENT_MODULES or _has_code(src)}
+
+
+def _has_code(src: str) -> bool:
+    import ast
+    body = ast.parse(src).body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return bool(body)
 
 
 # Modules the head may push into live agents: any but the core's own (a push

@@ -193,9 +193,9 @@ def test_shipped_sub_packages_load_from_memory(precompiled):
     assert proc.stdout.splitlines()[-1] == b"leaf init-ran deep True"
 
 
-def test_head_sources_carry_the_packages_of_the_agent_modules():
-    sources = bootstrap.head_sources()
-    for name in bootstrap.AGENT_MODULES + [bootstrap.AGENT_ENTRY]:
-        parts = name.split(".")
-        for i in range(1, len(parts) + 1):
-            assert ".".join(parts[:i]) in sources
+def test_head_sources_are_the_agent_modules_and_packages_with_code():
+    """A package whose __init__ is empty or only a docstring is not shipped
+    (the loader makes it a package); one with code is."""
+    assert set(bootstrap.head_sources()) == set(bootstrap.AGENT_MODULES)
+    assert not bootstrap._has_code("") and not bootstrap._has_code('"""The wire."""\n')
+    assert bootstrap._has_code('"""The wire."""\nfrom x import y\n')
