@@ -1,6 +1,6 @@
 """What the benchmarks (explore.py, mount.py, gmount.py) share.
 
-A test bed (tests/testbed.py) with one ordinary user that runs everything of the
+A test bed (tests/testbed/) with one ordinary user that runs everything of the
 product from the installed venv; `gxpc` calls as that user; CPU accounting from
 /proc; medians; the "noticed:" lines of the reports; /dev/fuse made 0666 for a run
 and restored; and the driver that runs a bench and cleans up whatever happens
@@ -9,7 +9,7 @@ and restored; and the driver that runs a bench and cleans up whatever happens
 A script subclasses Bench, fills in setup(), run(), report() and, if it opens
 sessions or mounts, release(); its main() parses the options and returns
 main_driver(TheBench, its arguments). Standard library only,
-plus tests/testbed.py.
+plus tests/testbed/.
 """
 from __future__ import annotations
 

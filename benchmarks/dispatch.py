@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How fast `gxpc make` hands trivial recipes to nodes, against plain make.
 
-Run as root (the bench user is made by tests/testbed.py), from the checkout,
+Run as root (the bench user is made by tests/testbed/), from the checkout,
 after `scripts/install`:
 
     /opt/gxpstyle/venv/bin/python benchmarks/dispatch.py                 # 2,000 and 10,000 recipes, 3 reps
@@ -42,7 +42,7 @@ What it does:
   else running on it: the report shows the load average before each count).
 
 The session is quit and the user removed whatever happens (Ctrl-C, SIGTERM,
-errors). Standard library only, plus tests/testbed.py and benchmarks/bench_harness.py.
+errors). Standard library only, plus tests/testbed/ and benchmarks/bench_harness.py.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ Run as root (the multi-host test bed needs it), from the checkout:
 
 What it does:
 
-* Builds a test bed (tests/testbed.py) of 32 sshd hosts in network namespaces,
+* Builds a test bed (tests/testbed/) of 32 sshd hosts in network namespaces,
   links shaped to 100 Mbit/s (--bw; "none" for unshaped), the checkout and the venv
   hidden on every host, and one ordinary user that runs everything of the product,
   from the installed venv. /dev/fuse is made 0666 for the run (restored afterwards).
@@ -35,7 +35,7 @@ lower is better), where the CPU went, and whether the goal of the issue holds:
 
 Everything is cleaned up whatever happens (Ctrl-C, SIGTERM, errors): GMounts are
 unmounted, anchor mounts unmounted, sessions quit, the bed torn down, /dev/fuse's
-mode restored. Standard library only, plus tests/testbed.py and benchmarks/bench_harness.py.
+mode restored. Standard library only, plus tests/testbed/ and benchmarks/bench_harness.py.
 """
 from __future__ import annotations
 

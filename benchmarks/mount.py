@@ -66,7 +66,7 @@ for the large-file and direct-channel cases (each 1 GiB pass takes about 90 s at
 Everything is cleaned up whatever happens (Ctrl-C, SIGTERM, errors): every mount
 is unmounted (head and hosts), the session is unmounted and quit, the bed torn
 down, the bench directories removed and /dev/fuse's mode restored. Standard
-library only, plus tests/testbed.py and benchmarks/bench_harness.py.
+library only, plus tests/testbed/ and benchmarks/bench_harness.py.
 """
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ All hosts share this machine's two CPUs (and other work may run on it): the
 report says how busy it was.
 
 Everything is cleaned up whatever happens (Ctrl-C, SIGTERM, errors): the session
-quit, the bed torn down. Standard library only, plus tests/testbed.py and
+quit, the bed torn down. Standard library only, plus tests/testbed/ and
 benchmarks/bench_harness.py.
 """
 from __future__ import annotations
