@@ -1,6 +1,6 @@
 """What the benchmarks (explore.py, mount.py, gmount.py) share.
 
-A test bed (tests/testbed.py) with one ordinary user that runs everything of the
+A test bed (tests/testbed/) with one ordinary user that runs everything of the
 product from the installed venv; `gxpc` calls as that user; CPU accounting from
 /proc; medians; the "noticed:" lines of the reports; /dev/fuse made 0666 for a run
 and restored; and the driver that runs a bench and cleans up whatever happens
@@ -9,7 +9,7 @@ and restored; and the driver that runs a bench and cleans up whatever happens
 A script subclasses Bench, fills in setup(), run(), report() and, if it opens
 sessions or mounts, release(); its main() parses the options and returns
 main_driver(TheBench, its arguments). Standard library only,
-plus tests/testbed.py.
+plus tests/testbed/.
 """
 from __future__ import annotations
 
@@ -29,6 +29,25 @@ import testbed  # noqa: E402
 
 VENV = os.environ.get("GXP_VENV", "/opt/gxpstyle/venv")
 GXPC = os.path.join(VENV, "bin", "gxpc")
+
+
+def ensure_anchor(program: str, package: str) -> "str | None":
+    """The path of an anchor program, installed with apt-get first when it is
+    missing and we are root (benchmarks bring their own anchors, as the tests
+    do); None when it cannot be had (the case is then left out and said so)."""
+    found = shutil.which(program)
+    if found or os.getuid() != 0 or not shutil.which("apt-get"):
+        return found
+    log("installing %s for the anchor (apt-get install %s)" % (program, package))
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for argv in (["apt-get", "install", "-y", "-qq", package],
+                 ["sh", "-c", "apt-get update -qq && apt-get install -y -qq %s" % package]):
+        subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, env=env, check=False)
+        found = shutil.which(program)
+        if found:
+            return found
+    return None
 
 
 class BenchError(RuntimeError):

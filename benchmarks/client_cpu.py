@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The CPU the `gxpc` client itself spends on `gxpc e true`, against a bare Python.
 
-Run as root (the bench user is made by tests/testbed.py), from the checkout:
+Run as root (the bench user is made by tests/testbed/), from the checkout:
 
     /opt/gxpstyle/venv/bin/python benchmarks/client_cpu.py [--reps 40] [--agents 4]
 
@@ -22,7 +22,7 @@ What it does:
   issue holds: the client's CPU for `gxpc e true` at most 2x the anchor.
 
 The session is quit and the user removed whatever happens (Ctrl-C, SIGTERM,
-errors). Standard library only, plus tests/testbed.py and benchmarks/bench_harness.py.
+errors). Standard library only, plus tests/testbed/ and benchmarks/bench_harness.py.
 """
 from __future__ import annotations
 

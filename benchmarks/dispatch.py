@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """How fast `gxpc make` hands trivial recipes to nodes, against plain make.
 
-Run as root (the bench user is made by tests/testbed.py), from the checkout,
+Run as root (the bench user is made by tests/testbed/), from the checkout,
 after `scripts/install`:
 
     /opt/gxpstyle/venv/bin/python benchmarks/dispatch.py                 # 2,000 and 10,000 recipes, 3 reps
     /opt/gxpstyle/venv/bin/python benchmarks/dispatch.py --recipes 2000 --reps 1 --hosts 0   # about 30 s
 
-GNU parallel is an anchor when installed (`apt-get install parallel`; without it
+GNU parallel is an anchor (installed with apt-get when missing; without it
 those rows are left out and the report says so).
 
 What it does:
@@ -42,7 +42,7 @@ What it does:
   else running on it: the report shows the load average before each count).
 
 The session is quit and the user removed whatever happens (Ctrl-C, SIGTERM,
-errors). Standard library only, plus tests/testbed.py and benchmarks/bench_harness.py.
+errors). Standard library only, plus tests/testbed/ and benchmarks/bench_harness.py.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ import shutil
 import sys
 import uuid
 
-from bench_harness import GXPC, Bench, BenchError, log, main_driver, ratio_text, user_pids
+from bench_harness import GXPC, Bench, BenchError, ensure_anchor, log, main_driver, ratio_text, user_pids
 
 import testbed  # noqa: E402  (bench_harness put tests/ on the path)
 
@@ -105,7 +105,7 @@ class Dispatch(Bench):
         super().__init__(log)
         self.counts, self.reps, self.agents, self.hosts = counts, reps, agents, hosts
         self.ssh_max = ssh_max
-        self.parallel = shutil.which("parallel")
+        self.parallel = ensure_anchor("parallel", "parallel")
         self.host_names: list = []
         self.local_session = self.host_session = None
         self.mnt = None
@@ -138,7 +138,7 @@ class Dispatch(Bench):
             self.made_dirs += [export, self.mnt]   # the head's own, removed after the teardown
             self.gxpc("mount", export, self.mnt)
         if not self.parallel:
-            self.odd.append("GNU parallel is not installed: no parallel anchor (apt-get install parallel)")
+            self.odd.append("GNU parallel could not be installed: no parallel anchor")
 
     def _dir(self, n: int) -> str:
         d = os.path.join(self.top, "n%d" % n)

@@ -7,7 +7,7 @@ Run as root (the multi-host test bed needs it), from the checkout:
 
 What it does:
 
-* Builds a test bed (tests/testbed.py) of 32 sshd hosts in network namespaces,
+* Builds a test bed (tests/testbed/) of 32 sshd hosts in network namespaces,
   with the checkout and the venv hidden on every host (as the tests do), and one
   ordinary user. Everything the product does runs as that user (bed.run_as), from
   the installed venv ($GXP_VENV or /opt/gxpstyle/venv).
@@ -36,7 +36,7 @@ depth, not N".
 
 Everything is cleaned up whatever happens (Ctrl-C, SIGTERM, errors): sessions are
 quit, leftover processes of the bench user are killed, session directories removed,
-the bed torn down. Standard library only, plus tests/testbed.py and benchmarks/bench_harness.py.
+the bed torn down. Standard library only, plus tests/testbed/ and benchmarks/bench_harness.py.
 """
 from __future__ import annotations
 

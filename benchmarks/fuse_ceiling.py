@@ -3,7 +3,7 @@
 bindfs (a C passthrough FUSE file system) and against sshfsm over a local
 directory (ours, the same code path as a GMount node reading its own export).
 
-Run as root, from the checkout, after `scripts/install` and `apt-get install bindfs`:
+Run as root, from the checkout, after `scripts/install` (it installs bindfs, the anchor, when missing):
 
     /opt/gxpstyle/venv/bin/python benchmarks/fuse_ceiling.py [--reps 3]
 
@@ -30,6 +30,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from bench_harness import ensure_anchor
 
 FILES, BIG, READERS = 10000, 64 << 20, 8
 CASES = ("read8", "read1", "stat")
@@ -102,8 +104,8 @@ def main(argv=None) -> int:
     cases = [c for c in CASES if c in (a.case or CASES)]
     if os.getuid() != 0:
         p.error("run as root (drop_caches)")
-    if not shutil.which("bindfs"):
-        p.error("bindfs is not installed (apt-get install bindfs)")
+    if not ensure_anchor("bindfs", "bindfs"):
+        p.error("bindfs is not installed and apt-get could not install it")
     sshfsm = os.path.join(os.environ.get("GXP_VENV", "/opt/gxpstyle/venv"), "bin", "sshfsm")
     top = tempfile.mkdtemp(prefix="fuse-ceiling-", dir="/var/tmp")
     src, bmnt, omnt = (os.path.join(top, x) for x in ("src", "bindfs", "sshfsm"))

@@ -7,7 +7,7 @@ Run as root (the multi-host test bed needs it), from the checkout:
 
 What it does:
 
-* Builds a test bed (tests/testbed.py) of 32 sshd hosts in network namespaces,
+* Builds a test bed (tests/testbed/) of 32 sshd hosts in network namespaces,
   links shaped to 100 Mbit/s (--bw; "none" for unshaped), the checkout and the venv
   hidden on every host, and one ordinary user that runs everything of the product,
   from the installed venv. /dev/fuse is made 0666 for the run (restored afterwards).
@@ -35,17 +35,17 @@ lower is better), where the CPU went, and whether the goal of the issue holds:
 
 Everything is cleaned up whatever happens (Ctrl-C, SIGTERM, errors): GMounts are
 unmounted, anchor mounts unmounted, sessions quit, the bed torn down, /dev/fuse's
-mode restored. Standard library only, plus tests/testbed.py and benchmarks/bench_harness.py.
+mode restored. Standard library only, plus tests/testbed/ and benchmarks/bench_harness.py.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import uuid
 
-from bench_harness import Bench, BenchError, fuse_at, log, main_driver, ratio_text, user_pids, value_text
+from bench_harness import (Bench, BenchError, ensure_anchor, fuse_at, log, main_driver, ratio_text,
+                           user_pids, value_text)
 
 N_HOSTS = 32
 HOST_CASES = (8, 16, 32)
@@ -197,8 +197,8 @@ class GMountBench(Bench):
     # -- driver ------------------------------------------------------------
     def setup(self) -> None:
         self.check_installed()
-        if not shutil.which("sshfs"):
-            raise BenchError("sshfs is not installed (for the anchor)")
+        if not ensure_anchor("sshfs", "sshfs"):
+            raise BenchError("sshfs is not installed and apt-get could not install it (the anchor)")
         self.open_fuse()
         dt = self.bed_up(["tb%02d" % i for i in range(1, N_HOSTS + 1)], "gxpgm", bw=self.a.bw)
         self.make_dir(self.top)

@@ -9,7 +9,7 @@ Run as root, from the checkout, after `scripts/install`:
 What it does:
 
 * A test bed of 8 hosts, every link shaped to 100 Mbit/s (tbf at both ends of
-  each veth, tests/testbed.py), one ordinary user; a session explores the 8
+  each veth, tests/testbed/), one ordinary user; a session explores the 8
   hosts, mounts a GMount of their /tmp, and masks the head out (`gxpc smask`
   after a command that fails on it), so every recipe runs on a host and every
   input byte a recipe reads from elsewhere crosses a 100 Mbit link.
@@ -40,7 +40,7 @@ What it does:
 * Each host has its own share of the CPUs, as it has its own link:
   --cpu-share (default: this machine's cores / 8, 0.25 of a CPU on 2 cores)
   caps every process of a host at that CPU time (a cgroup per host,
-  tests/testbed.py), so 8 hosts never contend for the cores and a host that
+  tests/testbed/), so 8 hosts never contend for the cores and a host that
   runs more recipes is slower, as a real node would be. Without it
   (--cpu-share 0) the hosts share this machine's cores freely and a
   CPU-bound stage takes the same time wherever its recipes run: the makespan

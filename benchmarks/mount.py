@@ -66,7 +66,7 @@ for the large-file and direct-channel cases (each 1 GiB pass takes about 90 s at
 Everything is cleaned up whatever happens (Ctrl-C, SIGTERM, errors): every mount
 is unmounted (head and hosts), the session is unmounted and quit, the bed torn
 down, the bench directories removed and /dev/fuse's mode restored. Standard
-library only, plus tests/testbed.py and benchmarks/bench_harness.py.
+library only, plus tests/testbed/ and benchmarks/bench_harness.py.
 """
 from __future__ import annotations
 
@@ -81,8 +81,9 @@ import sys
 import time
 import uuid
 
-from bench_harness import (VENV, Bench, BenchError, busy_share, cpu_busy, describe, fuse_mounts, log,
-                           main_driver, proc_cmdline, proc_cpu, ratio_text, user_pids, value_text)
+from bench_harness import (VENV, Bench, BenchError, busy_share, cpu_busy, describe, ensure_anchor,
+                           fuse_mounts, log, main_driver, proc_cmdline, proc_cpu, ratio_text, user_pids,
+                           value_text)
 
 SSHFSM = os.path.join(VENV, "bin", "sshfsm")
 FUSERMOUNT = shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount3"
@@ -610,8 +611,8 @@ class MountBench(Bench):
     # -- driver ------------------------------------------------------------
     def setup(self) -> None:
         self.check_installed(SSHFSM)
-        if not os.access(SSHFS, os.X_OK):
-            raise BenchError("sshfs is not installed (apt-get install sshfs)")
+        if not os.access(SSHFS, os.X_OK) and not ensure_anchor("sshfs", "sshfs"):
+            raise BenchError("sshfs is not installed and apt-get could not install it")
         if not os.path.exists("/dev/fuse"):
             raise BenchError("no /dev/fuse")
         kind = fs_type("/var/tmp")

@@ -12,7 +12,7 @@ made outside the repository (its source from github.com/pjd/pjdfstest;
 What it does, for each file system of --on (default all three):
   tmpfs   a tmpfs mounted for the run (what a local file system gives)
   sshfsm  `sshfsm -o allow_other SRC MNT` of one local directory, as root
-  gmount  a test bed of --hosts sshd hosts (tests/testbed.py); root on the head
+  gmount  a test bed of --hosts sshd hosts (tests/testbed/); root on the head
           reaches them through the sh channel (nsenter into each host's
           namespaces, as ssh would put it there) and runs
           `gxpc mount -o allow_other EXPORT MNT`: every host and the head

@@ -61,7 +61,7 @@ All hosts share this machine's two CPUs (and other work may run on it): the
 report says how busy it was.
 
 Everything is cleaned up whatever happens (Ctrl-C, SIGTERM, errors): the session
-quit, the bed torn down. Standard library only, plus tests/testbed.py and
+quit, the bed torn down. Standard library only, plus tests/testbed/ and
 benchmarks/bench_harness.py.
 """
 from __future__ import annotations
@@ -72,8 +72,8 @@ import os
 import sys
 import time
 
-from bench_harness import (Bench, BenchError, log, main_driver, proc_cmdline, proc_cpu, ratio_text,
-                           user_pids)
+from bench_harness import (Bench, BenchError, ensure_anchor, log, main_driver, proc_cmdline, proc_cpu,
+                           ratio_text, user_pids)
 from testbed import sha256_of
 
 BW = "100mbit"
@@ -269,10 +269,9 @@ class TransfersBench(Bench):
     # -- the run ---------------------------------------------------------------------
     def setup(self) -> None:
         self.check_installed()
-        import shutil
-        self.socat = shutil.which("socat") is not None
+        self.socat = ensure_anchor("socat", "socat") is not None
         if not self.socat:
-            log("  no socat: the tcp chain case is left out (apt-get install socat)")
+            log("  no socat, and apt-get could not install it: the tcp chain case is left out")
         log("%s: test bed of %d hosts at %s ..." % (self.name, len(self.targets) + 1, BW))
         dt = self.bed_up(["tb00"] + self.targets, "gxpx", bw=BW)
         log("  up in %.0f s" % dt)

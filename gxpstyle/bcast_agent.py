@@ -40,6 +40,16 @@ def os_reason(e: OSError, where: str = "") -> str:
     return ("%s: " % where if where else "") + text + (" (%s)" % code if code else "")
 
 
+def dest_problem(dest: str) -> str:
+    """`DEST: not a regular file` when the rename would replace anything but a
+    regular file (a device such as /dev/null, a FIFO, a socket), else ""."""
+    try:
+        st = os.stat(dest)
+    except OSError:
+        return ""           # missing (or unreachable: the open of the temporary says why)
+    return "" if stat.S_ISREG(st.st_mode) else "%s: not a regular file" % dest
+
+
 def pread_full(fd: int, n: int, off: int) -> bytes:
     parts = []
     while n > 0:
@@ -147,6 +157,10 @@ class Transfer:
                 self.report(force=True)
                 return
             if dest:
+                refused = dest_problem(dest)
+                if refused:     # /dev/null, a FIFO, a socket: never replaced
+                    self.fail(refused)
+                    return
                 d, base = os.path.split(dest)
                 self.where = d or "/"
                 self.tmp = os.path.join(d, ".%s.gxp-bcast-%d-%d" % (base, os.getpid(), self.bc))
@@ -231,6 +245,10 @@ class Transfer:
         if self.dest:
             try:
                 os.fchmod(self.fd, self.mode)   # type: ignore[arg-type]
+                refused = dest_problem(self.dest)   # one made while we received
+                if refused:
+                    self.fail(refused)
+                    return
                 os.rename(self.tmp, self.dest)
             except OSError as e:
                 self.fail(os_reason(e))

@@ -8,8 +8,10 @@ when a verb needs them, so that a short command (`gxpc e true`) costs little
 more than the interpreter's own start.
 
 Exit status: 0 success; 1 some host or node failed (each is named on stderr),
-or an internal error; 2 bad usage, pattern or configuration; 3 no session, or
-the session refused us; 130 interrupted.
+a file could not be read or written (disk full, I/O error), or an internal
+error; 2 bad usage, pattern, configuration or input file (a path that is not a
+regular file, a file over its size cap); 3 no session, or the session refused
+us; 130 interrupted.
 """
 from __future__ import annotations
 
@@ -32,7 +34,9 @@ else:
     hostpattern = verbs.LazyModule("gxpstyle.hostpattern")
 
 DESCRIPTION = "Explore hosts without preinstalling anything, and run commands on all of them."
-EPILOG = "Exit status: 0 ok, 1 some host/node failed, 2 usage, 3 session problem, 130 interrupted."
+EPILOG = ("Exit status: 0 ok, 1 some host/node failed or a file could not be read or written, "
+          "2 usage (a bad argument, pattern, configuration or input file), 3 session problem, "
+          "130 interrupted.")
 
 QUIT_WAIT = 5.0     # seconds `gxpc quit` waits for the daemon to exit after its answer
 
@@ -300,13 +304,28 @@ def cmd_bcast(c: Client, a: argparse.Namespace) -> int:
     return EXIT_FAILED if result.get("failed") else EXIT_OK
 
 
+PATH_MAX = 4096     # bytes of a path, its NUL included (Linux)
+MAX_WHERE_PATHS = 4096
+
+
+def check_where(a: argparse.Namespace) -> None:
+    if len(a.paths) > MAX_WHERE_PATHS:
+        raise UsageError("where: at most %d paths at once" % MAX_WHERE_PATHS)
+    if "" in a.paths:
+        raise UsageError("where: an empty path names nothing")
+    a.paths = [os.path.abspath(p) for p in a.paths]
+    for p in a.paths:
+        if len(os.fsencode(p)) >= PATH_MAX:
+            raise UsageError("where: %s...: longer than a path can be (%d bytes)" % (p[:40], PATH_MAX))
+
+
 def cmd_where(c: Client, a: argparse.Namespace) -> int:
     """Which nodes hold each file, as the replica catalog knows it."""
-    paths = [os.path.abspath(p) for p in a.paths]
+    paths = a.paths
     status, result = c.call("where", {"paths": paths})
     if status:
         _err(result.get("error", "where failed"))
-        return EXIT_FAILED
+        return EXIT_USAGE if status == 2 else EXIT_FAILED
     missing = False
     for p in paths:
         reps = result["replicas"].get(os.path.normpath(p)) or []
@@ -326,6 +345,7 @@ def cmd_quit(c: Optional[Client], a: argparse.Namespace) -> int:
         died = os.path.exists(session.socket_path(a.session_dir))
         if os.path.isdir(a.session_dir):
             session.remove_dead_session(a.session_dir)
+        _remove_dead_make_relays()
         if died:
             _err("quit: the session daemon had died; removed what it left in %s" % a.session_dir)
         return EXIT_OK
@@ -339,7 +359,17 @@ def cmd_quit(c: Optional[Client], a: argparse.Namespace) -> int:
     # Wait until the daemon has gone (its socket removed first): our
     # connection ends when it exits.
     c.wait_closed(QUIT_WAIT)
+    _remove_dead_make_relays()
     return EXIT_OK
+
+
+def _remove_dead_make_relays() -> None:
+    """What a `gxpc make` killed with SIGKILL left on this host: its relay's
+    directory, named after its pid (make_backend/make_command.py relay_dir)."""
+    import tempfile
+    from gxpstyle import safe_paths
+    for parent in {tempfile.gettempdir(), "/tmp"}:
+        safe_paths.remove_dead_owner_dirs(parent, "gxpmake-")
 
 
 # -- the core's verbs ------------------------------------------------------------------
@@ -419,7 +449,7 @@ CORE: Dict[str, Verb] = {v.name: v for v in (
                   Opt(("--hosts",), metavar="PATTERN", help="only nodes whose name matches"),
                   Opt(("--verbose", "-v"), "flag", "print the plan and the time taken")]),
     Verb("where", "which nodes hold each file of the shared mount (the catalog)",
-         cmd_where, args=[Arg("paths", "+", metavar="PATH")]),
+         cmd_where, args=[Arg("paths", "+", metavar="PATH")], check=check_where),
     Verb("quit", "stop every agent and remove what was shipped", cmd_quit, session=OPTIONAL),
 )}
 
@@ -430,7 +460,8 @@ def _user_error_types() -> tuple:
     a module not imported cannot have raised its error."""
     types: List[type] = [UsageError, limits.RangeError]
     for module, name in (("gxpstyle.use_rules", "RuleError"), ("gxpstyle.hostpattern", "PatternError"),
-                         ("gxpstyle.cluster_config", "ConfigError")):
+                         ("gxpstyle.cluster_config", "ConfigError"),
+                         ("gxpstyle.session", "SessionPathError")):
         m = sys.modules.get(module)
         if m is not None:
             types.append(getattr(m, name))
@@ -459,7 +490,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         if verb.check is not None:
             verb.check(a)
         c = Client(session_dir)
-        if not c.connect(start=verb.session == START):
+        try:
+            connected = c.connect(start=verb.session == START)
+        except OSError as e:    # the session's directory or socket: a session problem
+            raise ClientError("%s: %s" % (e.filename or c.session_dir, e.strerror or e)) from None
+        if not connected:
             where = c.session_dir
             a.session_dir = where
             c.close()
@@ -478,9 +513,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             _err(str(e))
             return EXIT_SESSION
         if isinstance(e, OSError):
+            # a file that could not be read or written (disk full, I/O error)
             what = e.strerror or str(e)
             _err("%s: %s" % (e.filename, what) if e.filename else what)
-            return EXIT_SESSION
+            return EXIT_FAILED
         if os.environ.get("GXP_DEBUG"):
             raise
         # A bug of ours: one line, not a traceback (GXP_DEBUG=1 shows it).

@@ -44,6 +44,7 @@ class Client:
     # -- connection -------------------------------------------------------------
     def connect(self, start: bool) -> bool:
         """Connect to the daemon; start it first when `start`. False if none runs."""
+        session.check_path_length(self.session_dir)
         try:
             os.lstat(self.session_dir)
             exists = True

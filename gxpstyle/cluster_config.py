@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from gxpstyle import hostpattern, limits
+from gxpstyle import hostpattern, limits, safe_paths
 from gxpstyle.use_rules import CHANNELS, OPTIONS, RuleError, UseRule, make_rule
 
 DEFAULT_FANOUT = 8
@@ -146,12 +146,19 @@ def default_path() -> str:
     return os.path.join(base, "gxpstyle", "clusters.yaml")
 
 
+# A cluster file is read whole: at most 1 MiB (a few thousand clusters), and
+# nested at most 64 levels deep (the format itself needs 4).
+MAX_FILE_BYTES = 1 << 20
+MAX_DEPTH = 64
+
+
 def load(path: str) -> ClusterConfig:
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = safe_paths.read_capped(path, MAX_FILE_BYTES)
     except FileNotFoundError:
         raise ConfigError(path, None, "no such file") from None
+    except safe_paths.PathRefused as e:
+        raise ConfigError(path, None, e.why) from None
     except OSError as e:
         raise ConfigError(path, None, e.strerror or str(e)) from None
     try:
@@ -170,13 +177,22 @@ def loads(text: str, filename: str = "<string>") -> ClusterConfig:
 class _NoAliasLoader(yaml.SafeLoader):
     """SafeLoader composition that refuses aliases (no shared nodes, no alias bombs)."""
 
+    depth = 0
+
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             ev = self.peek_event()
             raise yaml.composer.ComposerError(
                 None, None, "YAML aliases (*%s) are not supported; write the value out"
                 % ev.anchor, ev.start_mark)
-        return super().compose_node(parent, index)
+        if self.depth >= MAX_DEPTH:     # composing recurses: a deep file must not exhaust the stack
+            raise yaml.composer.ComposerError(
+                None, None, "nested more than %d levels deep" % MAX_DEPTH, self.peek_event().start_mark)
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
 def _compose(text: str, filename: str) -> Optional[Node]:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from gxpstyle import bootstrap, hostpattern, services, session, use_rules, wire
 from gxpstyle.agent import Node, remove_node_dirs, usable_cpus
 from gxpstyle.bcast_service import BcastService
+from gxpstyle.client_links import ClientBudget, ClientLink
 from gxpstyle.exec_service import ExecService
 from gxpstyle.explorer import ExploreService
 from gxpstyle.links import Link
@@ -82,6 +83,7 @@ class Head(Node):
                                 pid=os.getpid(), user=_user(), python=sys.version.split()[0],
                                 slots=usable_cpus())}
         self.clients: Dict[str, Link] = {}
+        self.client_budget = ClientBudget()
         self.client_seq = 0
         self.req_seq = 0
         self.quit_client: Optional[Tuple[str, int]] = None
@@ -150,10 +152,18 @@ class Head(Node):
             self.write_log("refused a client with uid %s" % uid)
             conn.close()
             return
+        refused = self.client_budget.admit_problem(len(self.clients))
+        if refused:
+            line = self.client_budget.log_line(refused)
+            if line:
+                self.write_log(line)
+            conn.close()
+            return
         self.client_seq += 1
         cid = "%s%d" % (wire.CLIENT_PREFIX, self.client_seq)
         fd = conn.detach()
-        self.clients[cid] = Link(self.loop, fd, fd, cid, self.on_client_frame, self.on_client_close)
+        self.clients[cid] = ClientLink(self.client_budget, self.loop, fd, fd, cid, self.on_client_frame,
+                                       self.on_client_close)
 
     def on_client_frame(self, link: Link, frame: bytes) -> None:
         try:
@@ -525,6 +535,11 @@ def _user() -> str:
 
 
 def serve(session_dir: str, ready_fd: Optional[int]) -> int:
+    try:
+        session.check_path_length(session_dir)
+    except session.SessionPathError as e:
+        sys.stderr.write("gxpd: %s\n" % e)
+        return 2
     session.ensure_session_dir(session_dir)
     sock_path = session.socket_path(session_dir)
     log_path = os.path.join(session_dir, session.LOG_NAME)

@@ -79,6 +79,9 @@ class ExecService(Service):
         if not d.startswith("/"):
             raise ValueError("cd: give an absolute directory (got %r); the nodes do not share "
                              "your working directory" % d)
+        if not os.path.isdir(d):    # the head runs commands too (gxpc checks the same)
+            raise ValueError("cd: %s: %s on the head" % (
+                d, "not a directory" if os.path.exists(d) else "no such directory"))
         self.cwd = os.path.normpath(d)
         self.head.reply(cid, req, 0, {})
 
@@ -87,8 +90,18 @@ class ExecService(Service):
         self.env.update(args["env"])
         self.head.reply(cid, req, 0, {})
 
-    def req_smask(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+    def succeeded(self, verb: str) -> Set[str]:
+        """The nodes where the last `e` succeeded; none (no `e` yet, or it
+        failed everywhere) is an error that leaves every selection as it was."""
+        if not self.last_status:
+            raise ValueError("%s: no command has run yet (gxpc e CMD first); nothing changed" % verb)
         ok = {n for n, s in self.last_status.items() if s == 0 and node_is_up(self.head.tree, n)}
+        if not ok:
+            raise ValueError("%s: the last command succeeded on no node; nothing changed" % verb)
+        return ok
+
+    def req_smask(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        ok = self.succeeded("smask")
         self.mask = ok
         self.head.reply(cid, req, 0, {"count": len(ok)})
 
@@ -98,7 +111,7 @@ class ExecService(Service):
 
     def req_savemask(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         name = args["name"]
-        self.saved_masks[name] = {n for n, s in self.last_status.items() if s == 0}
+        self.saved_masks[name] = self.succeeded("savemask")
         self.head.reply(cid, req, 0, {"count": len(self.saved_masks[name])})
 
     def select_nodes(self, args: Dict[str, Any]) -> List[str]:

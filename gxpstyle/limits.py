@@ -33,6 +33,9 @@ RANGES: "Dict[str, Tuple[Number, Number, str]]" = {
     # Bytes of replicas one mount's store keeps on a node (-o cache_size=):
     # under 1 MiB no transfer fits; 1 EiB stands for "no bound".
     "cache_size": (1 << 20, 1 << 60, "bytes"),
+    # Seconds a mount's branch host may leave a request unanswered before its
+    # files give EIO (sshfsm and gxpc mount -o timeout=N).
+    "mount_timeout": (1, 3600, "seconds"),
     # `gxpc make -j N`: GNU make puts N-1 tokens in its jobserver pipe before
     # reading a makefile, and a Linux pipe holds 65,536 bytes, so from 65,538
     # on make blocks forever on its own pipe (GNU Make 4.3, measured).

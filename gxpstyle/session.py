@@ -25,6 +25,14 @@ class SessionError(RuntimeError):
     pass
 
 
+class SessionPathError(SessionError):
+    """A session directory whose socket path cannot exist (a usage error)."""
+
+
+# A Unix socket's path (sun_path) holds 108 bytes, its final NUL included.
+MAX_SOCKET_PATH = 107
+
+
 def default_session_dir() -> str:
     env = os.environ.get("GXP_SESSION")
     if env:
@@ -73,6 +81,18 @@ def ensure_session_dir(path: str) -> str:
 
 def socket_path(session_dir: str) -> str:
     return os.path.join(session_dir, SOCKET_NAME)
+
+
+def check_path_length(session_dir: str) -> None:
+    """SessionPathError when the session's socket path would not fit a Unix
+    socket address: said before anything is made."""
+    n = len(os.fsencode(socket_path(os.path.abspath(session_dir))))
+    if n > MAX_SOCKET_PATH:
+        longest = MAX_SOCKET_PATH - len(SOCKET_NAME) - 1
+        raise SessionPathError("session directory %s...: %d bytes long; a session directory may "
+                               "have at most %d (its socket's path must fit a Unix socket "
+                               "address)" % (os.path.abspath(session_dir)[:40],
+                                             n - len(SOCKET_NAME) - 1, longest))
 
 
 def remove_dead_session(path: str) -> "List[str]":

@@ -58,6 +58,9 @@ def make_rule(channel: str, src: str, dst: str, options: "Dict[str, Any] | None"
     if channel not in CHANNELS:
         raise RuleError("unknown channel %r (one of: %s)" % (channel, ", ".join(CHANNELS)))
     for pat in (src, dst):
+        if isinstance(pat, str) and any(ord(ch) < 32 or ord(ch) == 127 for ch in pat):
+            # a rule is stored and listed one per line: a newline would split it
+            raise RuleError("pattern %r has a control character (a newline, tab, ...)" % pat)
         try:
             hostpattern.compile_pattern(pat)
         except hostpattern.PatternError as e:

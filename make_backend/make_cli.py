@@ -34,17 +34,19 @@ def cmd_plot(c: Optional[Client], a: Any) -> int:
         trace_plot.plot(a.trace, a.output)
     except trace_plot.PlotError as e:
         err("plot: %s" % e)
-        return EXIT_FAILED
+        return EXIT_FAILED if isinstance(e, trace_plot.PlotFailed) else EXIT_USAGE
     return 0
 
 
 PLOT = Verb("plot", "draw a gxpc make --trace file: transfers and bytes over time", cmd_plot,
-            options=[Opt(["-o", "--output"], help="the image to write (PNG, SVG, PDF by its name)",
+            options=[Opt(["-o", "--output"], help="the image to write: a name ending in .png, .svg "
+                         "or .pdf (a regular file, made or replaced)",
                          metavar="FILE")],
             args=[Arg("trace", help="the trace (gxpc make --trace=FILE)", metavar="TRACE")],
             session=OPTIONAL, check=lambda a: _check_plot(a),
             description="gxpc plot TRACE -o OUT.png: a row per node with its transfers (push, pull) "
-                        "and recipes over time, and the cumulative bytes transferred. Needs "
+                        "and recipes over time, and the cumulative bytes transferred. TRACE is "
+                        "read line by line: at most 16 MiB, 64 KiB a line, 256 nodes. Needs "
                         "matplotlib (pip install 'gxpstyle[plot]').")
 
 
@@ -52,3 +54,8 @@ def _check_plot(a: Any) -> None:
     from gxpstyle.verbs import UsageError
     if not a.output:
         raise UsageError("plot: give the image to write with -o FILE")
+    from make_backend import trace_plot
+    try:
+        trace_plot.check_output(a.output)
+    except trace_plot.PlotError as e:
+        raise UsageError("plot: %s" % e) from None

@@ -19,7 +19,7 @@ import tempfile
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from gxpstyle import limits
+from gxpstyle import limits, safe_paths
 
 USAGE = """\
 usage: gxpc make [--local | --shared] [--joblog FILE] [--explain-placement]
@@ -209,19 +209,48 @@ def parse_size(text: str) -> int:
 def open_trace(path: str) -> None:
     """The head writes the trace; a path it cannot write is said here, first."""
     try:
-        open(path, "w").close()
+        safe_paths.open_output(path).close()
+    except safe_paths.PathRefused as e:
+        raise MakeUsage("--trace %s" % e) from None
     except OSError as e:
-        raise MakeUsage("cannot write the trace %s: %s" % (path, e.strerror))
+        raise MakeUsage("cannot write the trace %s: %s" % (path, e.strerror)) from None
 
 
 def open_joblog(path: str) -> Any:
+    """A regular file only (a device, FIFO or directory is refused, exit 2); a
+    disk that cannot take the header line is an I/O error (exit 1)."""
     try:
-        f = open(path, "w", encoding="utf-8", errors="surrogateescape")
+        f = safe_paths.open_output(path)
+    except safe_paths.PathRefused as e:
+        raise MakeUsage("--joblog %s" % e) from None
     except OSError as e:
-        raise MakeUsage("cannot write the job log %s: %s" % (path, e.strerror))
-    f.write("#recipe\tnode\tstart\tend\tstatus\tbytes\n")
-    f.flush()
+        raise MakeUsage("cannot write the job log %s: %s" % (path, e.strerror)) from None
+    try:
+        f.write("#recipe\tnode\tstart\tend\tstatus\tbytes\n")
+        f.flush()
+    except OSError as e:
+        try:
+            f.close()
+        except OSError:
+            pass
+        raise OSError(e.errno, "cannot write the job log: %s" % e.strerror, path) from None
     return f
+
+
+RELAY_PREFIX = "gxpmake-"
+
+
+def relay_dir() -> str:
+    """A private directory for the relay's socket, named after this process so
+    that one left by a `gxpc make` killed with SIGKILL is known to be dead:
+    the next make (and `gxpc quit`) removes those."""
+    parent = tempfile.gettempdir()
+    prefix = "%s%d-" % (RELAY_PREFIX, os.getpid())
+    if len(os.fsencode(os.path.join(parent, prefix + "x" * 8, "relay"))) > 107:
+        parent = "/tmp"     # $TMPDIR too long for a Unix socket's path
+    for d in {parent, tempfile.gettempdir()}:
+        safe_paths.remove_dead_owner_dirs(d, RELAY_PREFIX)
+    return tempfile.mkdtemp(prefix=prefix, dir=parent)
 
 
 def make_program() -> str:
@@ -392,7 +421,7 @@ def _run(client: Optional[Any], session_dir: str, local: bool, make_args: List[s
         argv += ["SHELL=" + sys.executable, ".SHELLFLAGS=" + JOB_SHELL_FLAGS]
         return run_make(argv + make_args, env)
     from make_backend.relay import Relay
-    tmp = tempfile.mkdtemp(prefix="gxpmake-")
+    tmp = relay_dir()
     try:
         path = os.path.join(tmp, "relay")
         progress = sys.stderr.fileno() if os.isatty(sys.stderr.fileno()) else None

@@ -511,9 +511,14 @@ class Relay:
 
     def _log(self, r: Recipe, status: int, end: float) -> None:
         recipe = label_of(r.argv, 4000).replace("\t", " ")
-        self.joblog.write("%s\t%s\t%.3f\t%.3f\t%d\t%d\n" % (recipe, r.name or "-", r.started, end,
-                                                           status, r.out_bytes))
-        self.joblog.flush()
+        try:
+            self.joblog.write("%s\t%s\t%.3f\t%.3f\t%d\t%d\n" % (recipe, r.name or "-", r.started,
+                                                               end, status, r.out_bytes))
+            self.joblog.flush()
+        except OSError as e:    # a full disk: the recipes go on, the log stops, once said
+            os.write(2, ("gxpc make: cannot write the job log %s: %s; no more lines go there\n"
+                         % (self.joblog.name, e.strerror)).encode("utf-8", "replace"))
+            self.joblog = None
 
     def _progress(self) -> None:
         """Redraw the progress line if it changed, at most every PROGRESS_EVERY

@@ -19,11 +19,14 @@ from __future__ import annotations
 import json
 from typing import Any, Dict
 
+from gxpstyle import safe_paths
+
 
 class TraceFile:
     def __init__(self, path: str) -> None:
         self.path = path
-        self.f = open(path, "w", encoding="utf-8")
+        # a regular file only (PathRefused, an OSError, names the path)
+        self.f = safe_paths.open_output(path)
 
     def _write(self, rec: Dict[str, Any]) -> None:
         if self.f.closed:

@@ -37,7 +37,8 @@ ROLE_MODULE = "sshfsmux.gmount_node"
 
 MOUNT_ARGS = Rec({"export": Str(4096, empty=False), "mountpoint": Str(4096, empty=False)},
                  {"ro": Bool(), "cipher": Bool(), "allow_other": Bool(),
-                  "cache_size": Int(*limits.RANGES["cache_size"][:2])})
+                  "cache_size": Int(*limits.RANGES["cache_size"][:2]),
+                  "timeout": Int(*limits.RANGES["mount_timeout"][:2])})
 UMOUNT_ARGS = Rec(None, {"mountpoint": Opt(Str(4096, empty=False))})
 
 
@@ -118,6 +119,8 @@ class GMountService(Service):
         config = {"export": export, "mountpoint": mountpoint,
                   "ro": bool(args.get("ro")), "cipher": bool(args.get("cipher", True)),
                   "allow_other": bool(args.get("allow_other")), "cache_size": args.get("cache_size")}
+        if args.get("timeout") is not None:
+            config["timeout"] = args["timeout"]
         for nid in nodes:
             def up(ok: bool, reason: str, info: Dict[str, Any], child: str, nid: str = nid) -> None:
                 self._service_up(m, nid, ok, reason, info, child)

@@ -138,10 +138,9 @@ class MountSettings:
         if not os.path.isdir(self.export):
             raise ValueError("export %s: no such directory" % self.export)
         if not os.path.isdir(self.mountpoint):
-            try:
-                os.makedirs(self.mountpoint, 0o755)
-            except OSError as e:
-                raise ValueError("mountpoint %s: %s" % (self.mountpoint, e.strerror))
+            # as mount(8) and sshfs: the mountpoint is the user's directory, never made here
+            raise ValueError("mountpoint %s: %s" % (self.mountpoint, "not a directory" if os.path.lexists(
+                self.mountpoint) else "no such directory (make it first, e.g. gxpc e mkdir -p DIR)"))
         if is_mounted(self.mountpoint):
             raise ValueError("mountpoint %s: already a mount point" % self.mountpoint)
         try:

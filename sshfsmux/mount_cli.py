@@ -22,9 +22,11 @@ def mount_options(values: List[str]) -> Dict[str, str]:
     for v in values:
         for item in v.split(","):
             k, _, val = item.partition("=")
-            if k not in ("ro", "rw", "cipher", "allow_other", "cache_size"):
+            if k not in ("ro", "rw", "cipher", "allow_other", "cache_size", "timeout"):
                 raise UsageError("mount: unknown option %r (known: ro, rw, cipher=none, allow_other, "
-                                 "cache_size=SIZE)" % k)
+                                 "cache_size=SIZE, timeout=N)" % k)
+            if k == "timeout":
+                val = str(_timeout(val))
             if k == "cipher" and val != "none":
                 raise UsageError("mount: cipher takes only 'none' (authentication stays on)")
             if k == "cache_size":
@@ -34,6 +36,18 @@ def mount_options(values: List[str]) -> Dict[str, str]:
                     raise UsageError(str(e))
             opts[k] = val
     return opts
+
+
+def _timeout(text: str) -> int:
+    """-o timeout=N: whole seconds in limits.RANGES["mount_timeout"]."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise UsageError("mount: timeout takes whole seconds, e.g. timeout=30 (got %r)" % text) from None
+    try:
+        return int(limits.check("mount_timeout", n, "mount: timeout"))
+    except limits.RangeError as e:
+        raise UsageError(str(e)) from None
 
 
 def check_mount(a: Any) -> None:
@@ -50,6 +64,8 @@ def cmd_mount(c: Client, a: Any) -> int:
         args["allow_other"] = True
     if "cache_size" in a.opts:
         args["cache_size"] = int(a.opts["cache_size"])
+    if "timeout" in a.opts:
+        args["timeout"] = int(a.opts["timeout"])
     status, result = c.call("mount", args, on_print=write_stream)
     if status == 2:
         err(result.get("error", "mount failed"))
@@ -99,7 +115,9 @@ MOUNT = Verb(
                       "cache_size=SIZE (bytes of replicas each node keeps in its session "
                       "directory's replicas/, e.g. 512M or 4G, 1M at least; default half the "
                       "free space there; least recently used evicted first, never a running "
-                      "recipe's input nor a file being read)")])
+                      "recipe's input nor a file being read), timeout=N (seconds, %d to %d, "
+                      "default 20: a peer that leaves a request unanswered that long gives "
+                      "EIO)" % limits.RANGES["mount_timeout"][:2])])
 
 UMOUNT = Verb("umount", "unmount the session's GMount everywhere", cmd_umount,
               args=[Arg("mountpoint", "?", metavar="MOUNTPOINT")])

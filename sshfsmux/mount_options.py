@@ -54,7 +54,9 @@ options:
                              default_permissions)
         default_permissions  let the kernel check permissions
         cache_dir=DIR        where the per-mount replica cache is made
-                             (default $XDG_CACHE_HOME, else /tmp)
+                             (default $XDG_CACHE_HOME, else /tmp); a
+                             missing DIR is made (0700), its parent must
+                             exist
         cache_size=SIZE      bytes of replicas it keeps (512M, 4G; 1M at
                              least; default half the free space there); the
                              least recently used go first, never one

@@ -59,6 +59,27 @@ def default_parent() -> str:
     return "/tmp"
 
 
+def make_private_dir(path: str, parents: bool) -> None:
+    """`path` made mode 0700 (private state) if it is missing; without `parents`
+    a missing parent is refused, as mkdir(1) does, else those are made 0700 too
+    (never with the mode the process's umask would leave: sshfsm's is 0)."""
+    try:
+        os.mkdir(path, 0o700)
+        return
+    except FileExistsError:
+        return
+    except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(path))
+        if not parents or parent == os.path.abspath(path):
+            raise FileNotFoundError(errno.ENOENT, "%s: no such directory (only the last "
+                                    "directory of cache_dir is made)" % parent) from None
+    make_private_dir(parent, parents=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+
+
 def key_hash(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:HASH_CHARS]
 
@@ -150,11 +171,12 @@ class ReplicaCache:
                  directory: "Optional[str]" = None) -> None:
         self.private = directory is None
         if directory is None:
-            parent = parent or default_parent()
-            os.makedirs(parent, mode=0o700, exist_ok=True)
-            self.dir = tempfile.mkdtemp(prefix="sshfsm-", dir=parent)
+            # -o cache_dir=DIR is made if missing, under a parent that exists;
+            # the default ($XDG_CACHE_HOME) is made with its parents
+            make_private_dir(parent or default_parent(), parents=parent is None)
+            self.dir = tempfile.mkdtemp(prefix="sshfsm-", dir=parent or default_parent())
         else:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
+            make_private_dir(directory, parents=True)
             self.dir = directory
         os.chmod(self.dir, 0o700)
         self._real = os.path.realpath(self.dir)     # as /proc/self/fd names its files

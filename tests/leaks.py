@@ -48,7 +48,7 @@ def _netns() -> set:
 
 
 def _cgroups() -> set:
-    """The test bed's per-host cpu cgroups (tests/testbed.py, cpu_share)."""
+    """The test bed's per-host cpu cgroups (tests/testbed/, cpu_share)."""
     base = "/sys/fs/cgroup/cpu"
     try:
         return {os.path.join(base, n) for n in os.listdir(base) if n.startswith(USER_MARK)}

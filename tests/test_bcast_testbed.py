@@ -268,6 +268,31 @@ def test_a_full_disk_names_its_node_and_enospc(bed, make_gxp):
         host.exec(["umount", "-l", dest_dir])
 
 
+def test_a_dest_that_is_not_a_regular_file_is_refused_on_its_node_only(bed, make_gxp):
+    """A FIFO at DEST on tc03 stays a FIFO: tc03 says why in one line, every
+    other host gets the file (issue 25)."""
+    import pwd
+    import stat
+    user = next(iter(bed.users))
+    g = make_gxp(bed=bed, user=user)
+    explore(g)
+    dest_dir = setup_dirs(bed, user, "b9")
+    fifo = os.path.join(scratch_of(bed, "tc03"), "b9", "copy")
+    os.mkfifo(fifo)
+    pw = pwd.getpwnam(user)
+    os.chown(fifo, pw.pw_uid, pw.pw_gid)
+    src = "/tmp/bcsrc-%s" % g.new_tag()
+    want = make_file(src, 4 * MIB, user)
+    r = g.run("bcast", "--hosts", "tc*", src, dest_dir + "/copy", timeout=300)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines() == ["tc03: %s/copy: not a regular file" % dest_dir], r.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    for h in HOSTS:
+        if h != "tc03":
+            assert sha256_of(os.path.join(scratch_of(bed, h), "b9", "copy")) == want, h
+    assert temps_left(bed, "b9") == []
+
+
 def listeners(bed) -> dict:
     """Listening TCP sockets on each host other than sshd's (port 22)."""
     out = {}

@@ -1,4 +1,4 @@
-"""Tests of the multi-host test bed itself (tests/testbed.py, scripts/testbed).
+"""Tests of the multi-host test bed itself (tests/testbed/, scripts/testbed).
 
 Needs root, iproute2, util-linux and openssh-server; skipped otherwise.
 """
@@ -389,8 +389,8 @@ def test_fuse_device_mode_is_restored_by_the_last_of_overlapping_runs(tmp_path, 
     dev, holders = tmp_path / "fuse", tmp_path / "holders"
     dev.write_text("")
     os.chmod(dev, 0o600)
-    monkeypatch.setattr(testbed, "FUSE_DEVICE", str(dev))
-    monkeypatch.setattr(testbed, "FUSE_HOLDERS", str(holders))
+    monkeypatch.setattr(testbed.fuse_access, "FUSE_DEVICE", str(dev))
+    monkeypatch.setattr(testbed.fuse_access, "FUSE_HOLDERS", str(holders))
     mode = lambda: os.stat(dev).st_mode & 0o7777  # noqa: E731
     a = testbed.open_fuse_to_users()
     b = testbed.open_fuse_to_users()

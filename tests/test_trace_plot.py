@@ -1,5 +1,6 @@
 """`gxpc plot TRACE -o OUT`: the installed gxpc draws a `gxpc make --trace`
-file; a bad trace, a missing -o and a missing matplotlib each get one line."""
+file; a bad trace, a missing -o and a missing matplotlib each get one line
+(exit 2 for the user's input, 1 for what is missing here)."""
 from __future__ import annotations
 
 import json
@@ -52,10 +53,10 @@ def test_bad_input_gets_one_line(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"kind": "recipe"}\n')
     r = _gxpc(tmp_path, "plot", str(bad), "-o", str(tmp_path / "x.png"))
-    assert r.returncode == 1 and r.stderr.strip() == (
+    assert r.returncode == 2 and r.stderr.strip() == (
         "gxpc: plot: %s:1: not a line of gxpc make --trace" % bad), r.stderr
     r = _gxpc(tmp_path, "plot", str(tmp_path / "none.json"), "-o", str(tmp_path / "x.png"))
-    assert r.returncode == 1 and "No such file" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert r.returncode == 2 and "No such file" in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_without_matplotlib_it_says_how_to_install_it(tmp_path):

@@ -152,3 +152,50 @@ def test_bootstrap_stays_within_its_byte_budget():
              "precompiled": len(bootstrap.payload_wire(cache.for_tag(sys.implementation.cache_tag)))}
     over = {k: v for k, v in sizes.items() if v > PAYLOAD_BUDGET[k]}
     assert not over, "agent payload over budget: %s (budget %s)" % (over, PAYLOAD_BUDGET)
+
+
+# A shipped program laid out in sub-packages: the entry module imports a module
+# of another sub-package, a package whose __init__ was shipped (and runs) and one
+# whose __init__ was not (and runs as empty), by absolute and relative imports.
+NESTED_SOURCES = {
+    "gxpstyle.probe": "",
+    "gxpstyle.probe.entry": (
+        "import os\n"
+        "from gxpstyle.probe.inner import leaf\n"
+        "from gxpstyle import probe_implicit\n"
+        "from gxpstyle.probe_implicit.deep import VALUE\n"
+        "def main(fds):\n"
+        "    line = '%s %s %s %s\\n' % (leaf.WORD, leaf.PARENT_WORD, VALUE,\n"
+        "                              probe_implicit.__path__ is not None)\n"
+        "    os.write(fds[1], line.encode())\n"),
+    "gxpstyle.probe.inner": "PARENT_WORD = 'init-ran'\n",
+    "gxpstyle.probe.inner.leaf": "WORD = 'leaf'\nfrom . import PARENT_WORD\n",
+    "gxpstyle.probe_implicit.deep": "VALUE = 'deep'\n",
+}
+
+
+@pytest.mark.parametrize("precompiled", [False, True])
+def test_shipped_sub_packages_load_from_memory(precompiled):
+    """Sub-packages of the shipped program import on the agent from the
+    payload, never from a disk (the interpreter runs with -I, from /)."""
+    import marshal
+    import subprocess
+    import sys
+    codes = (marshal.dumps({n: bootstrap.compile_shipped(n, s) for n, s in NESTED_SOURCES.items()})
+             if precompiled else None)
+    sources = {} if precompiled else dict(NESTED_SOURCES)
+    payload = bootstrap.build_payload(sources, codes, entry="gxpstyle.probe.entry")
+    argv = bootstrap.stage1_argv(sys.executable)
+    argv.insert(1, "-I")
+    proc = subprocess.run(argv, input=bootstrap.payload_wire(payload), capture_output=True,
+                          cwd="/", timeout=60)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.splitlines()[-1] == b"leaf init-ran deep True"
+
+
+def test_head_sources_are_the_agent_modules_and_packages_with_code():
+    """A package whose __init__ is empty or only a docstring is not shipped
+    (the loader makes it a package); one with code is."""
+    assert set(bootstrap.head_sources()) == set(bootstrap.AGENT_MODULES)
+    assert not bootstrap._has_code("") and not bootstrap._has_code('"""The wire."""\n')
+    assert bootstrap._has_code('"""The wire."""\nfrom x import y\n')
