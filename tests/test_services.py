@@ -48,10 +48,10 @@ def test_request_schemas_are_closed_and_ranged():
         EXPLORE_ARGS.check({"fanout": 0}, "explore")
 
 
-def test_only_paths_under_what_a_service_watches_need_acting_on():
-    from gxpstyle import services
+def test_only_paths_under_what_a_keeper_watches_need_acting_on():
+    from gxpstyle.replica_service import under_watched
 
-    class Mounts(services.Service):
+    class Mounts:
         def __init__(self, roots):
             self.roots = roots
 
@@ -60,9 +60,9 @@ def test_only_paths_under_what_a_service_watches_need_acting_on():
 
     none, mnt = Mounts([]), Mounts(["/tmp/mnt", "/data/"])
     paths = ["/tmp/mnt/a", "/tmp/mnt", "/tmp/mnt2/b", "/data/x/y", "/dev/null"]
-    assert services.under_watched([none], paths) == []
-    assert services.under_watched([none, mnt], paths) == ["/tmp/mnt/a", "/data/x/y"]
-    assert services.under_watched([Mounts(["/"])], ["/a", "/b/c"]) == ["/a", "/b/c"]
+    assert under_watched([none], paths) == []
+    assert under_watched([none, mnt], paths) == ["/tmp/mnt/a", "/data/x/y"]
+    assert under_watched([Mounts(["/"])], ["/a", "/b/c"]) == ["/a", "/b/c"]
 
 
 def test_explore_payload_keeps_its_budget_after_a_push():
