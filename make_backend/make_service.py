@@ -5,7 +5,7 @@ placement (placement.py: input bytes from the replica catalog against load,
 hints) picks it and the recipe runs there like one node's share of `gxpc e`,
 in this service's own books: make's recipes never change what `gxpc smask`
 selects. A recipe whose best node is busy waits here (delay scheduling), its
-reply held. When a recipe ends, the mounts act on its files (Head.files_changed:
+reply held. When a recipe ends, the mounts act on its files (ReplicaAPI.files_changed:
 caches dropped everywhere, outputs into the catalog) before the `settled`
 verb answers, so make hears a success only once every node sees the outputs
 complete. A service of the core (gxpstyle/services.py).

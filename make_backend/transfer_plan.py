@@ -14,8 +14,8 @@ recipe pull them through the mount while it runs (Confuga's push and pull):
   fails); `fixed` order (by node id) is there to measure what random buys.
 
 The copy is written, verified (SHA-256 per chunk and whole) and renamed into
-the replica store of the mount on N's host (Head.replica_dir), then adopted as
-the replica the mount reads that file from (Head.adopt_replica): reading it on
+the replica store of the mount on N's host (ReplicaAPI.replica_dir), then adopted
+as the replica the mount reads that file from (ReplicaAPI.adopt): reading it on
 N is local. Then the catalog records N's host as a holder, and only then does
 the recipe start. A transfer that fails leaves the recipe to read through the
 mount, as it would without planning.

@@ -260,7 +260,7 @@ class GMountService(Service):
         return None
 
     def watched_paths(self) -> List[str]:
-        """Files under a mountpoint are what a mount caches (Head.watched)."""
+        """Files under a mountpoint are what a mount caches (ReplicaAPI.watched)."""
         return list(self.mounts)
 
     def files_changed(self, node: str, paths: List[str], done: Callable[[], None]) -> None:
@@ -499,7 +499,7 @@ class GMountService(Service):
             if not gone:
                 continue
             self._drop_orphans(m, lost)
-            # The catalog dropped its replicas (Head.op_lost); the survivors'
+            # The catalog dropped its replicas (ReplicaService.node_lost); the survivors'
             # mounts drop its branch, so that its files are absent, as the
             # catalog says, rather than an EIO on every access.
             for nid, sid in m.services.items():

@@ -201,9 +201,9 @@ def only_true(msg):
     if msg["op"] == "spawn" and isinstance(msg.get("channel"), dict):
         msg["channel"] = {"name": "nosuch-channel"}
     # Nor a broadcast's file: it would be written where the fuzz says, this big.
-    if msg["op"] == "bc_plan":
-        msg["dest"] = ""
-        msg["size"] = 1 << 16
+    if msg["op"] == "svc_msg" and msg.get("svc") == "bcast" and isinstance(msg.get("body"), dict):
+        msg["body"]["dest"] = ""
+        msg["body"]["size"] = 1 << 16
 
 
 def counter():
