@@ -99,7 +99,7 @@ class Head(Node):
         # Pushed modules, and the nodes that hold the current set.
         self.pushed: Dict[str, str] = {}
         self.pushed_to: Set[str] = set()
-        self.payload_to: Set[str] = set()     # of those, the ones that got the role payload
+        self.side_code: Dict[str, bytes] = {}    # service -> its node side's modules, packed
         self.job_table = JobTable(self)
         # Services, each with its own HeadAPI; a plugin's may find the core's
         # (HeadAPI.service) as it is made, so these come first.
@@ -322,8 +322,8 @@ class Head(Node):
             module, _, cls = svc.node_side.partition(":")
             if not (module and cls):
                 raise ValueError("service %s has no node side" % svc.name)
-            if svc.node_modules:
-                self.push_modules(svc.node_modules, [node], for_roles=False)
+            if svc.node_modules and node != wire.HEAD:
+                self._push_side(svc, node)
             self.send(node, {"op": "side", "svc": svc.name, "module": module, "cls": cls})
             hosting.add(node)
         self.send(node, node_side.message(svc.name, mtype, body))
@@ -381,51 +381,51 @@ class Head(Node):
             del self.svc_hooks[msg["req"]]
             entry[1](msg["ok"], msg["error"], msg["result"])
 
-    def push_modules(self, names: List[str], nodes: Optional[List[str]] = None,
-                     for_roles: bool = True) -> None:
+    def _push_side(self, svc: Service, node: str) -> None:
+        """A node side's modules, to the node about to host it: only those (a
+        node side needs no role payload, and role nodes host no one's side)."""
+        blob = self.side_code.get(svc.name)
+        if blob is None:
+            blob = self.side_code[svc.name] = bootstrap.pack_modules(
+                bootstrap.module_sources(svc.node_modules))
+        self.send(node, {"op": "modules", "blob": blob, "forward": False})
+
+    def push_modules(self, names: List[str], nodes: Optional[List[str]] = None) -> None:
         """Make head modules importable on `nodes` (default: every explored node).
 
         They are kept apart from the agent payload, so agents explored later
         still get the small payload; a node explored after the push gets the
         modules when a service needs it. A push to every node crosses each link
-        once; a late node gets its own copy. `for_roles`: the nodes will start
-        role nodes, so the push carries their payload, built once here (a
-        node side's push does not need it)."""
+        once; a late node gets its own copy."""
         if names:
             sources = bootstrap.module_sources(names)
             if any(self.pushed.get(k) != v for k, v in sources.items()):
                 self.pushed.update(sources)
                 self.pushed_to = set()
-                self.payload_to = set()
                 self.payloads.add(sources)
         if not self.pushed:
             return
         up = [nid for nid, n in self.tree.items() if n.state == "up" and not n.role
               and nid != wire.HEAD]
-        done = self.payload_to if for_roles else self.pushed_to
-        want = [n for n in (nodes if nodes is not None else up) if n != wire.HEAD and n not in done]
+        want = [n for n in (nodes if nodes is not None else up)
+                if n != wire.HEAD and n not in self.pushed_to]
         if not want:
             return
         blob = bootstrap.pack_modules(self.pushed)
         # Agents start service children with these modules: compile and compress
         # the children's payload once here, not once per agent (32 agents on a
         # few shared cores made that most of a first mount's time).
-        msg: Dict[str, Any] = {"op": "modules", "blob": blob}
-        if for_roles:
-            tag = sys.implementation.cache_tag
-            msg.update(tag=tag, payload=list(self.payloads.for_tag(tag, service=True)))
+        tag = sys.implementation.cache_tag
+        payload = list(self.payloads.for_tag(tag, service=True))
+        msg = {"op": "modules", "blob": blob, "tag": tag, "payload": payload}
         if nodes is None and not self.pushed_to:
             for child in list(self.children):
                 self.send(child, dict(msg, forward=True))
             self.pushed_to.update(up)
-            if for_roles:
-                self.payload_to.update(up)
         else:
             for nid in want:
                 self.send(nid, dict(msg, forward=False))
                 self.pushed_to.add(nid)
-                if for_roles:
-                    self.payload_to.add(nid)
 
     # -- lost nodes ------------------------------------------------------------
     def op_lost(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
@@ -437,7 +437,6 @@ class Head(Node):
                     n.state = "lost"
                     n.reason = msg["reason"] if nid == lost else "parent %s lost" % lost
             self.pushed_to = {n for n in self.pushed_to if not wire.is_descendant(n, lost)}
-            self.payload_to = {n for n in self.payload_to if not wire.is_descendant(n, lost)}
             for hosting in self.hosting.values():
                 hosting.difference_update([n for n in hosting if wire.is_descendant(n, lost)])
             self.write_log("lost %s: %s" % (lost, msg["reason"]))
