@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from gxpstyle import services, wire
+from gxpstyle.job_table import JobTable
 from gxpstyle.event_loop import EventLoop
 from gxpstyle.job_runner import ENV_BASES, JobRunner
 
@@ -41,7 +42,7 @@ def _run(runner: JobRunner, loop: EventLoop, out: list, src: str, msg: dict) -> 
 
 def test_a_make_environment_goes_to_each_node_once_and_recipes_send_what_differs():
     head = _Head()
-    table = services.JobTable(head)  # type: ignore[arg-type]
+    table = JobTable(head)  # type: ignore[arg-type]
     owner = services.Service(head)   # type: ignore[arg-type]
     base = {"A": "base-a", "B": "base-b", "HOME": None}
 
