@@ -16,7 +16,8 @@ import subprocess
 import threading
 
 # The host's addresses and the pick of a peer's: the core's (its transfers' direct links use them too).
-from gxpstyle.bcast_link import local_addresses, pick_address
+from gxpstyle.link_auth import local_addresses, pick_address
+from gxpstyle.node_side import NodeSide
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -105,7 +106,8 @@ def copies_of(fs: "Any", rels: "List[str]") -> "Tuple[List[List[Any]], List[str]
     return copies, gone
 
 
-def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Callable[[], None]]":
+def start(node: "Any", config: "Dict[str, Any]"
+          ) -> "Tuple[Dict[str, Any], Callable[[], None], CallSide]":
     from sshfsmux.direct_branch import CALL_SECONDS, MAX_CALL_SECONDS, DirectBranch
     from sshfsmux.export_server import ExportServer
     from sshfsmux.kernel_cache import KernelCache
@@ -382,8 +384,24 @@ def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Calla
         finally:
             settled.set()
 
-    node.role_handlers = {"mount": mount_call, "umount": umount_call, "scan": scan_call,
-                          "changed": changed_call, "drop_peers": drop_peers_call,
-                          "changes": changes_call, "adopt": adopt_call, "pin": pin_call}
-    node.role_cleanup = cleanup
-    return {"port": server.port, "addrs": own, "node": host_name, "store": cache_dir}, runner
+    # the role node's side (gxpstyle/node_side.py): its calls, and cleanup at its stop
+    side = CallSide({"mount": mount_call, "umount": umount_call, "scan": scan_call,
+                     "changed": changed_call, "drop_peers": drop_peers_call,
+                     "changes": changes_call, "adopt": adopt_call, "pin": pin_call}, cleanup)
+    return {"port": server.port, "addrs": own, "node": host_name, "store": cache_dir}, runner, side
+
+
+class CallSide(NodeSide):
+    """The role node's side (gxpstyle/node_side.py): the head's calls, and a
+    cleanup when the node stops."""
+
+    def __init__(self, calls: "Dict[str, Callable[..., None]]", cleanup: "Callable[[], None]") -> None:
+        super().__init__()
+        self.handlers, self.cleanup = calls, cleanup
+
+    def calls(self) -> "Dict[str, Callable[..., None]]":
+        return self.handlers
+
+    def stop(self) -> None:
+        self.cleanup()
+        super().stop()
