@@ -61,10 +61,10 @@ class Node:
         self.extra_channels: Dict[str, Callable[["child_bootstrap.ChildStart"], None]] = {}
         self.quitting = False
         self.exit_code = 0
-        # A role (set from the hello) adds service calls and a cleanup at shutdown.
-        self.role_handlers: Dict[str, Callable[..., None]] = {}
-        self.role_cleanup: Optional[Callable[[], None]] = None
-        self.bcasts: Any = None     # bcast_agent.Bcasts, made at the first broadcast
+        # Node sides of services this node hosts (node_side.py), by service
+        # name: the role's own (a role node), and those the head asked for.
+        self.sides: Dict[str, Any] = {}
+        self.role = str(opts.get("role") or "")
 
     # -- sending and routing ---------------------------------------------
     def backlog(self) -> int:
@@ -307,7 +307,8 @@ class Node:
 
     def op_svc(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         """A call to this node's role (a service such as GMount's per-node mount)."""
-        handler = self.role_handlers.get(msg["call"])
+        side = self.sides.get(self.role)
+        handler = side.calls().get(msg["call"]) if side is not None else None
         if handler is None:
             self.send(src, {"op": "svc_reply", "req": msg["req"], "ok": False,
                             "error": "no such service call %r on %s" % (msg["call"], self.name),
@@ -318,6 +319,34 @@ class Node:
             self.send(src, {"op": "svc_reply", "req": msg["req"], "ok": ok, "error": error,
                             "result": result or {}})
         handler(msg["args"], reply)
+
+    def op_svc_msg(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        """A service's own message: to the node side of that service here."""
+        side = self.sides.get(msg["svc"])
+        if side is None:
+            self.log("no node side of %s here for a message from %s" % (msg["svc"], src))
+            return
+        side.deliver(src, msg)
+
+    def op_side(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        """The head asks this node to host a service's node side."""
+        if src != wire.HEAD or msg["svc"] in self.sides or self.quitting:
+            return
+        from gxpstyle.node_side import NodeSide
+        if self.id == wire.HEAD:        # the head's own installation
+            import importlib
+            module = importlib.import_module(msg["module"])
+        else:
+            module = _role_module(msg["module"], core=True)
+        cls = getattr(module, msg["cls"], None)
+        if not (isinstance(cls, type) and issubclass(cls, NodeSide)):
+            raise ValueError("%s.%s is not a node side" % (msg["module"], msg["cls"]))
+        self.host_side(msg["svc"], cls())
+
+    def host_side(self, svc: str, side: Any) -> None:
+        from gxpstyle.node_side import NodeHost
+        self.sides[svc] = side
+        side.start(NodeHost(self, svc))
 
     def op_modules(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         """Modules pushed from the head: install them, pass them down once per link."""
@@ -335,15 +364,6 @@ class Node:
         if msg.get("forward", True):
             for child, link in list(self.children.items()):
                 link.send(child, wire.HEAD, msg)
-
-    def op_bc(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
-        """A broadcast's chunks and plans (bcast_agent.py; imported at the first one)."""
-        if self.bcasts is None:
-            from gxpstyle import bcast_agent
-            self.bcasts = bcast_agent.Bcasts(self)
-        self.bcasts.handle(src, msg)
-
-    op_bc_open = op_bc_plan = op_bc_feed = op_bc_drop = op_bc_chunk = op_bc_ack = op_bc_stop = op_bc
 
     def op_log(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         if self.id == wire.HEAD:
@@ -386,11 +406,11 @@ class Node:
             link.resume_reading()    # their goodbyes must get through
         for cs in list(self.starting.values()):
             cs._finish(False, "quitting")
-        if self.role_cleanup is not None:
+        for svc, side in list(self.sides.items()):
             try:
-                self.role_cleanup()
-            except Exception as e:   # a failing cleanup must not stop the shutdown
-                self.log("role cleanup failed: %s" % e)
+                side.stop()
+            except Exception as e:   # a failing node side must not stop the shutdown
+                self.log("%s: stopping its node side failed: %s" % (svc, describe_error(e)))
         # Finish when every child link has closed and every job has died (both
         # are events), or after QUIT_GRACE, whichever comes first.
         state = {"jobs": False, "done": False}
@@ -427,8 +447,6 @@ class Node:
             cs.reap(1.0)
         self.jobs.close()
         self.batch.close()
-        if self.bcasts is not None:
-            self.bcasts.close_all()     # no temporary file outlives its agent
         if self.session_dir is not None:
             import shutil
             shutil.rmtree(self.session_dir, ignore_errors=True)
@@ -494,7 +512,8 @@ def main(fds: Tuple[int, int]) -> None:
         # take over the main thread (FUSE wants it); the loop then runs beside.
         try:
             module = _role_module(str(hello["opts"].get("role_module") or ""))
-            service, runner = module.start(node, dict(hello["opts"].get("role_config") or {}))
+            service, runner, side = module.start(node, dict(hello["opts"].get("role_config") or {}))
+            node.host_side(role, side)
             ready["service"] = service
         except Exception as e:
             ready["service"] = {"error": describe_error(e)}
@@ -564,13 +583,14 @@ def describe_error(e: BaseException) -> str:
     return "internal error: %s" % (text or "no detail")
 
 
-def _role_module(name: str) -> Any:
-    """A role's code: a module the head pushed (never one of the core's own)."""
-    if not bootstrap.pushable(name):
-        raise ValueError("role module %r is not one the head may push" % name)
+def _role_module(name: str, core: bool = False) -> Any:
+    """Code the head shipped: a module it pushed (never one of the core's own),
+    or with `core` one of the agent payload too (a node side's)."""
+    if not (bootstrap.pushable(name) or (core and name in bootstrap.AGENT_MODULES)):
+        raise ValueError("module %r is not one the head may name" % name)
     import importlib
     module = importlib.import_module(name)
     loader = getattr(getattr(module, "__spec__", None), "loader", None)
     if type(loader).__name__ != "_GxpImporter":
-        raise ValueError("role module %r was not pushed by the head" % name)
+        raise ValueError("module %r was not shipped by the head" % name)
     return module

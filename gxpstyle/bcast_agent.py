@@ -12,7 +12,8 @@ than WINDOW chunks per child. Chunks come in order, each with the source's
 SHA-256 of it, checked before it is written; a bad one is reported to the head,
 which has it fetched again from another holder.
 
-Shipped to agents: standard library only, Python 3.8 syntax.
+Pushed by the head to a node at its first transfer (bootstrap.SIDE_MODULES);
+standard library only, Python 3.8 syntax.
 """
 from __future__ import annotations
 
@@ -23,9 +24,42 @@ import stat
 import time
 
 from gxpstyle import wire
+from gxpstyle.node_side import Message, NodeSide, checked, message
+from gxpstyle.schema import Bool, Bytes, Int, ListOf, Rec, Str
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional
+
+    from gxpstyle.node_side import NodeHost
+
+SVC = "bcast"
+_BC = Int(0, (1 << 63) - 1)
+_N = Int(0, 1 << 40)
+_CHUNK = Int(1 << 12, 1 << 21)
+_ID = Str(wire.MAX_ADDR, empty=False)
+# What this node side takes (bcast_service.py declares what nodes answer).
+# From the head: open (a source hashes its file), plan (a receiver's size,
+# mode, hashes and DEST; chunks_sha256: the SHA-256 of the chunks' SHA-256s,
+# which a receiver checks instead of hashing the file again; listen: open a
+# direct-link listener and answer `listening`), feed (whom to feed, from
+# which chunk; with a port, over a direct link), drop, stop. From a feeder or
+# a child: chunk, ack.
+TYPES = {
+    "open": Rec({"bc": _BC, "path": Str(4096, empty=False), "chunk": _CHUNK}, open=True),
+    "plan": Rec({"bc": _BC, "size": Int(0, 1 << 62), "mode": Int(0, 0o7777), "sha256": Str(64),
+                 "chunk": _CHUNK, "dest": Str(4096), "name": Str(4096)},
+                {"chunks_sha256": Str(64), "listen": Bool()}, open=True),
+    "feed": Rec({"bc": _BC, "child": _ID, "start": _N},
+                {"corrupt": Int(-1, 1 << 40), "port": Int(0, 65535), "addrs": ListOf(Str(64), 16)},
+                open=True),
+    "drop": Rec({"bc": _BC, "child": _ID}, open=True),
+    "stop": Rec({"bc": _BC}, open=True),
+    "chunk": Rec({"bc": _BC, "index": _N, "data": Bytes(wire.MAX_FRAME), "sha256": Bytes(32)},
+                 open=True),
+    "ack": Rec({"bc": _BC, "index": _N}, open=True),
+}
+PEER_TYPES = ("chunk", "ack")     # from other nodes; the rest only from the head
 
 WINDOW = 8
 KEEP = 2 * WINDOW           # chunks kept in memory to feed several children from one read
@@ -65,9 +99,9 @@ def pread_full(fd: int, n: int, off: int) -> bytes:
 class Transfer:
     """One broadcast on this node: a source, a receiver, or both."""
 
-    def __init__(self, node: Any, bc: int, owner: Any = None) -> None:
-        self.node = node
-        self.owner = owner          # the Bcasts that holds the direct links
+    def __init__(self, host: "NodeHost", bc: int, owner: "BcastSide") -> None:
+        self.host = host
+        self.owner = owner          # the node side that holds the direct links
         self.bc = bc
         self.chunk = 1
         self.size = 0
@@ -101,7 +135,6 @@ class Transfer:
     # -- a source ----------------------------------------------------------------
     def bc_open(self, msg: Dict[str, Any]) -> None:
         """Open and hash the source in a thread (a big file must not stop the loop)."""
-        import threading
         path, chunk = msg["path"], msg["chunk"]
 
         def work() -> None:
@@ -126,8 +159,8 @@ class Transfer:
                 if fd is not None:
                     os.close(fd)
                 res = (None, 0, 0, "", [], os_reason(e, path), "")
-            self.node.loop.call_soon_threadsafe(lambda: self.opened(path, chunk, *res))
-        threading.Thread(target=work, daemon=True).start()
+            self.host.call_soon_threadsafe(lambda: self.opened(path, chunk, *res))
+        self.owner.spawn(work)
 
     def opened(self, path: str, chunk: int, fd: Optional[int], size: int, mode: int, sha: str,
                hashes: List[bytes], error: str, chunks_sha: str) -> None:
@@ -138,9 +171,9 @@ class Transfer:
         if fd is not None:
             self.src_fd, self.src_path, self.src_hashes = fd, path, hashes
             self.chunk, self.size, self.n = chunk, size, len(hashes)
-        self.node.send(wire.HEAD, {"op": "bc_opened", "bc": self.bc, "ok": fd is not None,
-                                   "error": error, "size": size, "mode": mode, "sha256": sha,
-                                   "chunks_sha256": chunks_sha})
+        self.host.send(wire.HEAD, "opened", {"bc": self.bc, "ok": fd is not None, "error": error,
+                                       "size": size, "mode": mode, "sha256": sha,
+                                       "chunks_sha256": chunks_sha})
 
     # -- a receiver --------------------------------------------------------------
     def bc_plan(self, msg: Dict[str, Any]) -> None:
@@ -165,7 +198,7 @@ class Transfer:
                 self.where = d or "/"
                 self.tmp = os.path.join(d, ".%s.gxp-bcast-%d-%d" % (base, os.getpid(), self.bc))
             else:          # a relay: a store for its children only
-                self.where = self.node.ensure_session_dir()
+                self.where = self.host.session_dir()
                 self.tmp = os.path.join(self.where, "bcast-%d" % self.bc)
             self.fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             if self.size:
@@ -193,16 +226,16 @@ class Transfer:
             port, addrs = self.owner.direct_links().listen()
         except OSError as e:
             error = os_reason(e, "listener")
-        self.node.send(wire.HEAD, {"op": "bc_listening", "bc": self.bc, "port": port,
-                                   "addrs": addrs[:16], "error": error})
+        self.host.send(wire.HEAD, "listening", {"bc": self.bc, "port": port, "addrs": addrs[:16],
+                                          "error": error})
 
     def bc_chunk(self, src: str, msg: Dict[str, Any], via: Any = None) -> None:
         i = msg["index"]
-        ack = {"op": "bc_ack", "bc": self.bc, "index": i}
+        ack = {"bc": self.bc, "index": i}
         if via is not None:         # acked on the direct link it came on
-            via.send(src, self.node.id, ack)
+            via.send(src, self.host.id, message(SVC, "ack", ack))
         else:
-            self.node.send(src, ack)
+            self.host.send(src, "ack", ack)
         if self.fd is None or self.done or i != self.have:
             return
         data = msg["data"]
@@ -270,8 +303,8 @@ class Transfer:
         if not (force or bad) and now - self.reported < REPORT_EVERY:
             return
         self.reported = now
-        self.node.send(wire.HEAD, {"op": "bc_state", "bc": self.bc, "have": self.have,
-                                   "done": self.done, "error": self.error, "bad": bad})
+        self.host.send(wire.HEAD, "state", {"bc": self.bc, "have": self.have, "done": self.done,
+                                      "error": self.error, "bad": bad})
 
     # -- feeding children ----------------------------------------------------------
     def bc_feed(self, msg: Dict[str, Any]) -> None:
@@ -299,8 +332,7 @@ class Transfer:
         if f is None or not f[4]:
             return
         del self.feeds[child]
-        self.node.send(wire.HEAD, {"op": "bc_nolink", "bc": self.bc, "child": child,
-                                   "error": why[:1000]})
+        self.host.send(wire.HEAD, "nolink", {"bc": self.bc, "child": child, "error": why[:1000]})
 
     def bc_drop(self, msg: Dict[str, Any]) -> None:
         self.feeds.pop(msg["child"], None)
@@ -325,12 +357,12 @@ class Transfer:
         link = f[3]
         if f[4] and (link is None or link.closed):
             return                          # its direct link is not up yet
-        if child == self.node.id and not now:
+        if child == self.host.id and not now:
             # A source that is a target feeds itself; messages to ourselves are
             # delivered at once, so a window sent from here would recurse.
             if not self.self_pending:
                 self.self_pending = True
-                self.node.loop.call_later(0, self.pump_self)
+                self.host.call_later(0, self.pump_self)
             return
         if self.src_fd is not None:
             fd, hashes, limit = self.src_fd, self.src_hashes, self.n
@@ -347,7 +379,7 @@ class Transfer:
                     if len(self.feeds) > 1:
                         self.keep(i, data)
             except OSError as e:
-                self.node.log("bcast %d: feeding %s stopped: %s" % (self.bc, child, os_reason(e)))
+                self.host.log("bcast %d: feeding %s stopped: %s" % (self.bc, child, os_reason(e)))
                 self.feeds.pop(child, None)
                 return
             if f[2] == i and data:      # the head's test-only fault: one flipped byte
@@ -355,15 +387,15 @@ class Transfer:
                 data = bytes((data[0] ^ 0xFF,)) + data[1:]
             f[0] += 1
             f[1] += 1
-            out = {"op": "bc_chunk", "bc": self.bc, "index": i, "data": data, "sha256": hashes[i]}
+            out = {"bc": self.bc, "index": i, "data": data, "sha256": hashes[i]}
             if link is not None:
-                link.send(child, self.node.id, out)
+                link.send(child, self.host.id, message(SVC, "chunk", out))
             else:
-                self.node.send(child, out)
+                self.host.send(child, "chunk", out)
 
     def pump_self(self) -> None:
         self.self_pending = False
-        self.pump(self.node.id, now=True)
+        self.pump(self.host.id, now=True)
 
     # -- the end -------------------------------------------------------------------
     def close_files(self, keep_source: bool = False) -> None:
@@ -386,55 +418,91 @@ class Transfer:
         self.close_files()
 
 
-class Bcasts:
-    """This node's broadcasts, by the head's id."""
+class BcastSide(NodeSide):
+    """This node's broadcasts, by the head's id: bcast's node side."""
 
-    def __init__(self, node: Any) -> None:
-        self.node = node
+    def __init__(self) -> None:
+        super().__init__()
         self.transfers: Dict[int, Transfer] = {}
         self.direct: Any = None     # bcast_link.DirectLinks, while a transfer needs it
+
+    def messages(self) -> "Dict[str, Message]":
+        return {t: Message(rec, getattr(self, "on_" + t), peers=t in PEER_TYPES)
+                for t, rec in TYPES.items()}
+
+    def on_open(self, src: str, body: Dict[str, Any]) -> None:
+        self.planned(body, "bc_open")
+
+    def on_plan(self, src: str, body: Dict[str, Any]) -> None:
+        self.planned(body, "bc_plan")
+
+    def on_feed(self, src: str, body: Dict[str, Any]) -> None:
+        self.planned(body, "bc_feed")
+
+    def on_drop(self, src: str, body: Dict[str, Any]) -> None:
+        self.planned(body, "bc_drop")
+
+    def on_chunk(self, src: str, body: Dict[str, Any], via: Any = None) -> None:
+        self.peer(src, body, "bc_chunk", via)
+
+    def on_ack(self, src: str, body: Dict[str, Any], via: Any = None) -> None:
+        self.peer(src, body, "bc_ack", via)
 
     def direct_links(self) -> Any:
         if self.direct is None:
             from gxpstyle import bcast_link
-            self.direct = bcast_link.DirectLinks(self.node, self.handle, self.direct_lost)
+            assert self.host is not None
+            self.direct = bcast_link.DirectLinks(self.host, self.on_direct, self.direct_lost)
         return self.direct
 
     def direct_lost(self, peer: str, why: str) -> None:
         for t in list(self.transfers.values()):
             t.direct_lost(peer, why)
 
-    def handle(self, src: str, msg: Dict[str, Any], via: Any = None) -> None:
-        op, bc = msg["op"], msg["bc"]
-        t = self.transfers.get(bc)
-        if op in ("bc_chunk", "bc_ack"):
-            if t is not None and not src.startswith(wire.CLIENT_PREFIX):
-                try:
-                    getattr(t, op)(src, msg, via)
-                except Exception as e:
-                    t.fail("internal error in %s: %s" % (op, e))
-            return
-        if src != wire.HEAD:            # only the head plans
-            return
-        if op == "bc_stop":
-            if t is not None:
-                del self.transfers[bc]
-                t.close()
-            if not self.transfers and self.direct is not None:
-                self.direct.close()     # no listener or link outlives the transfers
-                self.direct = None
-            return
-        if t is None:
-            t = self.transfers[bc] = Transfer(self.node, bc, self)
+    def on_direct(self, src: str, msg: Dict[str, Any], via: Any) -> None:
+        """A chunk or an ack on a direct link (bcast_link.py let only those through)."""
         try:
-            getattr(t, op)(msg)
+            _, body = checked(SVC, self.table or self.messages(), msg)
+        except ValueError as e:
+            via.close("bad message: %s" % e)
+            return
+        getattr(self, "on_" + msg["type"])(src, body, via)
+
+    def peer(self, src: str, body: Dict[str, Any], op: str, via: Any = None) -> None:
+        t = self.transfers.get(body["bc"])
+        if t is not None and not src.startswith(wire.CLIENT_PREFIX):
+            try:
+                getattr(t, op)(src, body, via)
+            except Exception as e:
+                t.fail("internal error in %s: %s" % (op, e))
+
+    def planned(self, body: Dict[str, Any], op: str) -> None:
+        bc = body["bc"]
+        t = self.transfers.get(bc)
+        if t is None:
+            assert self.host is not None
+            t = self.transfers[bc] = Transfer(self.host, bc, self)
+        try:
+            getattr(t, op)(body)
         except Exception as e:      # a bug fails this node's share, by name, not the agent
             t.fail("internal error in %s: %s" % (op, e))
 
-    def close_all(self) -> None:
+    def on_stop(self, src: str, body: Dict[str, Any]) -> None:
+        t = self.transfers.pop(body["bc"], None)
+        if t is not None:
+            t.close()
+        if not self.transfers and self.direct is not None:
+            self.direct.close()     # no listener or link outlives the transfers
+            self.direct = None
+
+    seconds = 0.2       # a source's hash thread cannot be interrupted: it ends with the process
+
+    def stop(self) -> None:
+        """The node quits: no temporary file outlives it."""
         for t in self.transfers.values():
             t.close()
         self.transfers.clear()
         if self.direct is not None:
             self.direct.close()
             self.direct = None
+        super().stop()

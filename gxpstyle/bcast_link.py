@@ -3,21 +3,22 @@ routing every chunk through their parent.
 
 Agent links exist only between parent and child, so a chain inside a site (the
 children of one parent, each forwarding to the next while it receives) needs a
-path of its own between siblings. On the head's request (`bc_plan` with
+path of its own between siblings. On the head's request (`plan` with
 `listen`) a node opens one TCP listener (port 0, every address) and reports the
 port and its addresses; a feeder the head names connects to it and the two
 authenticate with link_auth (label "bc", a key derived from the session secret
 that no other channel uses, TLS pinned to the session certificate). A peer that
-fails any step gets nothing. Then `bc_chunk`/`bc_ack` frames flow on that socket
+fails any step gets nothing. Then bcast's `chunk`/`ack` messages flow on that socket
 exactly as on an agent link: wire frames, each decoded and schema-checked, and
-only those two ops, addressed to this node, from the one peer the link carries.
+only those two types, addressed to this node, from the one peer the link carries.
 
 Connecting and the handshake run in threads; then the TLS socket, made
 non-blocking, belongs to the event loop alone (`TlsLink`): no relay thread and
 no socketpair between TLS and the frames, because on a 2-core machine shared by
 32 hosts every copy and thread switch per megabyte shows in the time.
 
-Shipped to agents: standard library only, Python 3.8 syntax.
+Pushed by the head with bcast_agent.py (and with the mount code, which uses its
+addresses); standard library only, Python 3.8 syntax.
 """
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ import hashlib
 import hmac
 import socket
 import ssl
-import struct
 
 from gxpstyle import link_auth, wire
 from gxpstyle.links import LOW_WATER, READ_SIZE, Link
@@ -33,58 +33,17 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
+    from gxpstyle.node_side import NodeHost
+
 LABEL = "bc"
 KEY_INFO = b"gxpstyle transfer direct link v1"
 CONNECT_SECONDS = 10.0
-OPS = ("bc_chunk", "bc_ack")
+SVC, TYPES = "bcast", ("chunk", "ack")    # all a direct link carries
 
 
 def link_key(secret: bytes) -> bytes:
     """The direct links' key: from the session secret, distinct from GMount's."""
     return hmac.new(secret, KEY_INFO, hashlib.sha256).digest()
-
-
-def local_addresses() -> "List[str]":
-    """This host's IPv4 addresses (loopback last), from /proc: no ifconfig needed."""
-    found: "List[str]" = []
-    try:
-        with open("/proc/net/fib_trie") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        lines = []
-    for i, line in enumerate(lines):
-        if "/32 host LOCAL" in line and i > 0:
-            addr = lines[i - 1].strip().lstrip("|-+` ").strip()
-            if addr and addr not in found and not addr.startswith("127."):
-                found.append(addr)
-    found.append("127.0.0.1")
-    return found
-
-
-def _as_int(addr: str) -> int:
-    try:
-        return struct.unpack("!I", socket.inet_aton(addr))[0]
-    except OSError:
-        return 0
-
-
-def pick_address(peer_addrs: "List[str]", own: "List[str]") -> str:
-    """The peer address sharing the longest prefix with one of ours: on the same
-    subnet first, loopback only for a peer on this very host."""
-    best, best_len = peer_addrs[0] if peer_addrs else "127.0.0.1", -1
-    for a in peer_addrs:
-        if a.startswith("127."):
-            if a in own and best_len < 0:
-                best = a
-            continue
-        ai = _as_int(a)
-        for o in own:
-            if o.startswith("127."):
-                continue
-            common = 32 - (ai ^ _as_int(o)).bit_length()
-            if common > best_len:
-                best, best_len = a, common
-    return best
 
 
 class TlsLink(Link):
@@ -156,10 +115,10 @@ class _Listener(link_auth.Listener):
 class DirectLinks:
     """This node's listener and direct links, by peer id.
 
-    on_message(src, msg, link) gets every checked bc_chunk/bc_ack; on_lost(peer,
+    on_message(src, msg, link) gets every bcast chunk and ack (a svc_msg); on_lost(peer,
     why) when a link to a known peer closes."""
 
-    def __init__(self, node: "Any", on_message: "Callable[[str, Dict[str, Any], Link], None]",
+    def __init__(self, node: "NodeHost", on_message: "Callable[[str, Dict[str, Any], Link], None]",
                  on_lost: "Callable[[str, str], None]") -> None:
         self.node = node
         self.on_message = on_message
@@ -187,7 +146,7 @@ class DirectLinks:
                 lambda label: key if label == LABEL else None, on_link,
                 lambda addr, why: refusals.refused(str(addr[0]), why),
                 certfile, keyfile, self.node.opts["pin"])
-        return self.listener.port, local_addresses()
+        return self.listener.port, link_auth.local_addresses()
 
     def _accepted(self, tls: "Any") -> None:
         if self.closed:
@@ -212,7 +171,7 @@ class DirectLinks:
         self.connecting[peer] = [done]
         import threading
         key, pin = link_key(self.node.secret), self.node.opts["pin"]
-        addr = pick_address(addrs, local_addresses())
+        addr = link_auth.pick_address(addrs, link_auth.local_addresses())
         loop = self.node.loop
 
         def work() -> None:
@@ -261,7 +220,8 @@ class DirectLinks:
         except wire.FrameError as e:
             link.close("protocol error: %s" % e)
             return
-        if dst != self.node.id or msg["op"] not in OPS or not src or src == self.node.id \
+        if dst != self.node.id or msg["op"] != "svc_msg" or msg["svc"] != SVC \
+                or msg["type"] not in TYPES or not src or src == self.node.id \
                 or (link.peer and src != link.peer):
             link.close("unexpected frame %s from %s" % (msg["op"], src))
             return

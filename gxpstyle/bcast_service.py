@@ -4,18 +4,18 @@ The head decides, the nodes move bytes (gxpstyle/bcast_agent.py). A transfer
 copies one file from its sources (one node's file, or identical copies on
 several) to DEST on a set of targets:
 
-1. Every source opens and hashes its file (`bc_open`); the first that answers
+1. Every source opens and hashes its file (`open`); the first that answers
    well in the order given is the primary, and the others whose SHA-256 is the
    same are replicas, kept for failures.
 2. The plan follows the explored tree: each target is fed by its neighbour on
    the tree path to the primary, so every agent link carries the file once, and
    nodes on those paths that are not targets (the head, a gateway) relay from a
    store in their session directory. A source that is a target copies from
-   itself. Each receiver is told the size, mode and SHA-256 (`bc_plan`), each
-   feeder whom to feed (`bc_feed`); chunks flow at once, so a node forwards
+   itself. Each receiver is told the size, mode and SHA-256 (`plan`), each
+   feeder whom to feed (`feed`); chunks flow at once, so a node forwards
    while it still receives and one file reaches every node in about one
    link-time.
-3. Nodes report progress (`bc_state`). A receiver whose feeder is lost, failed,
+3. Nodes report progress (`state`). A receiver whose feeder is lost, failed,
    or sent a chunk that did not match its hash is fed again from another holder
    from where it stands: a replica source first, else the most advanced node
    not fed through it. A node that fails (a full disk) or is lost is named with
@@ -40,14 +40,33 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from gxpstyle import hostpattern, wire
-from gxpstyle.schema import Bool, Opt, Rec, Str
-from gxpstyle.services import Service, Verb, node_is_up, node_name
+from gxpstyle.interfaces import BcastAPI, Shell
+from gxpstyle.interfaces import Transfer as TransferView
+from gxpstyle.schema import Bool, Int, ListOf, Opt, Rec, Str
+from gxpstyle.services import Message, Service, Verb
+
+if TYPE_CHECKING:
+    from gxpstyle.head_api import HeadAPI
 
 CHUNK = wire.CHUNK
 PROGRESS_EVERY = 0.5
+
+_BC = Int(0, (1 << 63) - 1)
+_TEXT = Str(1 << 16)
+# What the nodes tell the head side (bcast_agent.py takes the other types):
+# a source opened and hashed its file (chunks_sha256: the SHA-256 of the
+# chunks' SHA-256s, which receivers check), a receiver's progress, a chain
+# member's listener (or why it has none), a feeder's failed direct link.
+OPENED = Rec({"bc": _BC, "ok": Bool(), "error": _TEXT, "size": Int(0, 1 << 62),
+              "mode": Int(0, 0o7777), "sha256": Str(64)}, {"chunks_sha256": Str(64)}, open=True)
+STATE = Rec({"bc": _BC, "have": Int(0, 1 << 40), "done": Bool(), "error": _TEXT,
+             "bad": Str(wire.MAX_ADDR)}, open=True)
+LISTENING = Rec({"bc": _BC, "port": Int(0, 65535), "addrs": ListOf(Str(64), 16), "error": _TEXT},
+                open=True)
+NOLINK = Rec({"bc": _BC, "child": Str(wire.MAX_ADDR, empty=False), "error": _TEXT}, open=True)
 
 BCAST_ARGS = Rec({"src": Str(4096, empty=False), "dest": Str(4096, empty=False)},
                  {"src_nodes": Opt(Str(1 << 16, empty=False)), "mask": Opt(Str(256, empty=False)),
@@ -121,10 +140,13 @@ class Transfer:
         return sum(min(m.have * CHUNK, self.size) for m in self.members.values() if m.target)
 
 
-class BcastService(Service):
+class BcastService(Service, BcastAPI):
     name = "bcast"
+    # pushed to a node at its first transfer (most agents never take part in one)
+    node_side = "gxpstyle.bcast_agent:BcastSide"
+    node_modules = ["gxpstyle.bcast_link", "gxpstyle.bcast_agent"]
 
-    def __init__(self, head: Any) -> None:
+    def __init__(self, head: "HeadAPI") -> None:
         super().__init__(head)
         self.transfers: Dict[int, Transfer] = {}
         self.seq = 0
@@ -145,11 +167,16 @@ class BcastService(Service):
     def stat(self) -> Dict[str, Any]:
         return {"bcasts": len(self.transfers)}
 
+    def node_messages(self) -> Dict[str, Message]:
+        return {"opened": Message(OPENED, self.on_opened), "state": Message(STATE, self.on_state),
+                "listening": Message(LISTENING, self.on_listening),
+                "nolink": Message(NOLINK, self.on_nolink)}
+
     # -- the engine ----------------------------------------------------------------
     def start(self, sources: List[str], path: str, targets: List[str], dest: str,
-              on_done: Callable[[Transfer], None],
-              on_progress: Optional[Callable[[Transfer], None]] = None,
-              dests: Optional[Dict[str, str]] = None) -> Transfer:
+              on_done: Callable[[TransferView], None],
+              on_progress: Optional[Callable[[TransferView], None]] = None,
+              dests: Optional[Dict[str, str]] = None) -> "Transfer":
         """Copy `path` (identical on every one of `sources`, tried in that order)
         to `dest` on every one of `targets`; on_done(transfer) once each target
         is done or failed (transfer.failed() names those, with their reasons).
@@ -162,18 +189,18 @@ class BcastService(Service):
         self.transfers[t.id] = t
         self._watch_later()
         for s in t.sources:
-            self.head.send(s, {"op": "bc_open", "bc": t.id, "path": path, "chunk": CHUNK})
+            self.head.send_node(s, "open", {"bc": t.id, "path": path, "chunk": CHUNK})
         return t
 
-    def join(self, t: Transfer, nid: str, dest: str) -> bool:
+    def join(self, t: TransferView, nid: str, dest: str) -> bool:
         """Add target `nid` to transfer `t` while it runs: it is fed along the
         tree from the nearest member on its path to the primary (a relay such
         as the head already holds what has passed), from chunk 0, so a node
         that needs the file a moment later costs the source's link nothing.
         False if it cannot join (finished, failed, or `nid` already in it):
         then start a transfer of its own."""
-        if (t.finished or t.error or nid in t.targets or nid in t.members
-                or not node_is_up(self.head.tree, nid)):
+        if not isinstance(t, Transfer) or (t.finished or t.error or nid in t.targets
+                                           or nid in t.members or not self.head.is_up(nid)):
             return False
         if not t.members:           # not planned yet: planned with the others
             t.targets.append(nid)
@@ -213,7 +240,7 @@ class BcastService(Service):
         self._maybe_plan(t)
 
     def _maybe_plan(self, t: Transfer) -> None:
-        if any(s not in t.opened and node_is_up(self.head.tree, s) for s in t.sources):
+        if any(s not in t.opened and self.head.is_up(s) for s in t.sources):
             return
         good = [s for s in t.sources if t.opened.get(s, {}).get("ok")]
         if not good:
@@ -228,7 +255,7 @@ class BcastService(Service):
         replicas = [s for s in good if t.opened[s]["sha256"] == t.sha]
         for s in good:
             if s not in replicas:
-                self.head.write_log("bcast %d: %s has a different %s; not used" % (t.id, s, t.path))
+                self.head.log("bcast %d: %s has a different %s; not used" % (t.id, s, t.path))
         primary = t.primary = replicas[0]
         for s in replicas:
             t.members[s] = Member(s, source=True, have=t.n)
@@ -257,19 +284,19 @@ class BcastService(Service):
             if m.feeder is not None and not m.waiting:
                 self._feed(t, m, m.feeder)
         for m in list(t.members.values()):
-            if not node_is_up(self.head.tree, m.id) and not m.error:
-                self._fail(t, m, "node lost: %s" % self.head.tree[m.id].reason
-                           if m.id in self.head.tree else "node lost")
+            if not self.head.is_up(m.id) and not m.error:
+                info = self.head.node(m.id)
+                self._fail(t, m, "node lost: %s" % info.reason if info is not None else "node lost")
         self._check_done(t)
 
     def _send_plan(self, t: Transfer, m: Member) -> None:
         """Tell a receiver (target or relay) what it gets: size, mode, hashes,
         its DEST (a relay: none), and whether to listen for a chain feeder."""
-        self.head.send(m.id, {"op": "bc_plan", "bc": t.id, "size": t.size, "mode": t.mode,
-                              "sha256": t.sha, "chunks_sha256": t.chunks_sha, "chunk": CHUNK,
-                              "dest": t.dests.get(m.id, t.dest) if m.target else "",
-                              "name": os.path.basename(t.path.rstrip("/")) or "file",
-                              "listen": m.waiting})
+        self.head.send_node(m.id, "plan", {
+            "bc": t.id, "size": t.size, "mode": t.mode, "sha256": t.sha,
+            "chunks_sha256": t.chunks_sha, "chunk": CHUNK,
+            "dest": t.dests.get(m.id, t.dest) if m.target else "",
+            "name": os.path.basename(t.path.rstrip("/")) or "file", "listen": m.waiting})
 
     def _chain_sites(self, t: Transfer) -> None:
         """Inside a site (the targets fed by their common tree parent, which
@@ -277,7 +304,7 @@ class BcastService(Service):
         the first, each feeds the next over a direct link while it receives, so
         the parent's uplink carries the file once, not once per child. A site
         larger than chain_len gets several chains, interleaved. The members
-        after the first wait until they listen (bc_listening)."""
+        after the first wait until they listen (`listening`)."""
         if self.chain_len < 2:
             return
         feeding = {m.feeder for m in t.members.values() if m.feeder != m.id}
@@ -305,8 +332,8 @@ class BcastService(Service):
         if t is None or m is None or m.error or m.done or t.finished:
             return
         if msg["error"] or not msg["port"] or not msg["addrs"]:
-            self.head.write_log("bcast %d: %s cannot take a direct link (%s); fed along the tree"
-                                % (t.id, node_name(self.head.tree, src), msg["error"] or "no port"))
+            self.head.log("bcast %d: %s cannot take a direct link (%s); fed along the tree"
+                                % (t.id, self.head.name_of(src), msg["error"] or "no port"))
             m.no_direct = True
         else:
             m.addr = (msg["port"], list(msg["addrs"]))
@@ -322,8 +349,8 @@ class BcastService(Service):
         m = t.members.get(msg["child"]) if t is not None else None
         if t is None or m is None or m.error or m.done or t.finished or m.feeder != src:
             return
-        self.head.write_log("bcast %d: %s: %s; fed along the tree" % (
-            t.id, node_name(self.head.tree, m.id), msg["error"]))
+        self.head.log("bcast %d: %s: %s; fed along the tree" % (
+            t.id, self.head.name_of(m.id), msg["error"]))
         m.no_direct = True
         self._tree_feed(t, m)
 
@@ -332,20 +359,19 @@ class BcastService(Service):
         gets the file, else from whichever holder _refeed finds."""
         hop = _next_hop(m.id, t.primary)
         hm = t.members.get(hop)
-        if (hm is not None and node_is_up(self.head.tree, hop)
+        if (hm is not None and self.head.is_up(hop)
                 and (hm.source or (not hm.error and hm.feeder is not None and not hm.waiting))):
             old = m.feeder
-            if old is not None and old != hop and node_is_up(self.head.tree, old):
-                self.head.send(old, {"op": "bc_drop", "bc": t.id, "child": m.id})
+            if old is not None and old != hop and self.head.is_up(old):
+                self.head.send_node(old, "drop", {"bc": t.id, "child": m.id})
             self._feed(t, m, hop)
         else:
             self._refeed(t, m, avoid=m.feeder or "")
 
     def _watch_later(self) -> None:
-        loop = getattr(self.head, "loop", None)
-        if loop is not None and not self.watching:
+        if not self.watching:
             self.watching = True
-            loop.call_later(1.0, self._watch)
+            self.head.call_later(1.0, self._watch)
 
     def _watch(self) -> None:
         """Every second while transfers run: a receiver that fell behind
@@ -369,9 +395,9 @@ class BcastService(Service):
                 if not fed:
                     continue
                 m.stalled = True
-                self.head.write_log("bcast %d: %s has not moved for %.0fs; feeding the nodes it "
+                self.head.log("bcast %d: %s has not moved for %.0fs; feeding the nodes it "
                                     "fed from another holder" % (
-                                        t.id, node_name(self.head.tree, m.id), now - m.moved))
+                                        t.id, self.head.name_of(m.id), now - m.moved))
                 for c in fed:
                     self._refeed(t, c, avoid=m.id)
         if self.transfers:
@@ -381,17 +407,17 @@ class BcastService(Service):
         m.feeder = feeder
         m.waiting = False
         m.moved = max(m.moved, time.monotonic())
-        msg: Dict[str, Any] = {"op": "bc_feed", "bc": t.id, "child": m.id, "start": m.have}
-        if self.fault is not None and node_name(self.head.tree, m.id) == self.fault[0]:
+        msg: Dict[str, Any] = {"bc": t.id, "child": m.id, "start": m.have}
+        if self.fault is not None and self.head.name_of(m.id) == self.fault[0]:
             msg["corrupt"] = self.fault[1]
             self.fault = None
         if (m.addr is not None and not m.no_direct and feeder != m.id
                 and _next_hop(m.id, feeder) != feeder):
             # not a tree neighbour: over a direct link, not through the tree
             msg["port"], msg["addrs"] = m.addr
-            if self.no_direct and node_name(self.head.tree, m.id) == self.no_direct:
+            if self.no_direct and self.head.name_of(m.id) == self.no_direct:
                 msg["port"] = 1         # the test-only fault: nobody listens there
-        self.head.send(feeder, msg)
+        self.head.send_node(feeder, "feed", msg)
 
     def on_state(self, src: str, msg: Dict[str, Any]) -> None:
         t = self.transfers.get(msg["bc"])
@@ -403,7 +429,7 @@ class BcastService(Service):
         if msg["error"]:
             self._fail(t, m, msg["error"])
         elif msg["bad"]:
-            self.head.write_log("bcast %d: %s got a bad chunk %d from %s; fetching it again"
+            self.head.log("bcast %d: %s got a bad chunk %d from %s; fetching it again"
                                 % (t.id, src, m.have, msg["bad"]))
             self._refeed(t, m, avoid=msg["bad"])
         elif msg["done"]:
@@ -417,15 +443,15 @@ class BcastService(Service):
     def _fail(self, t: Transfer, m: Member, reason: str, gone: bool = False) -> None:
         """m's copy failed (a source still feeds from its file unless it is gone)."""
         m.error = reason
-        if gone or not node_is_up(self.head.tree, m.id):
+        if gone or not self.head.is_up(m.id):
             m.source = False
-        if m.feeder is not None and m.feeder != m.id and node_is_up(self.head.tree, m.feeder):
-            self.head.send(m.feeder, {"op": "bc_drop", "bc": t.id, "child": m.id})
+        if m.feeder is not None and m.feeder != m.id and self.head.is_up(m.feeder):
+            self.head.send_node(m.feeder, "drop", {"bc": t.id, "child": m.id})
         m.feeder = None
         if m.source:
             return
-        if node_is_up(self.head.tree, m.id):
-            self.head.send(m.id, {"op": "bc_stop", "bc": t.id})
+        if self.head.is_up(m.id):
+            self.head.send_node(m.id, "stop", {"bc": t.id})
         for child in t.members.values():
             if child.feeder == m.id and child is not m and not child.error and not child.done:
                 self._refeed(t, child, avoid=m.id)
@@ -442,7 +468,7 @@ class BcastService(Service):
                 c = t.members[c.feeder]
             return False
         cands = [c for c in t.members.values()
-                 if c is not m and node_is_up(self.head.tree, c.id) and not fed_through(c)
+                 if c is not m and self.head.is_up(c.id) and not fed_through(c)
                  and not c.stalled
                  and (c.source or (not c.error and c.feeder is not None))]
         cands.sort(key=lambda c: (c.id == avoid, not c.source, -c.have, _depth(c.id)))
@@ -450,8 +476,8 @@ class BcastService(Service):
             self._fail(t, m, "no holder of %s is left to fetch it from" % t.path)
             return
         old = m.feeder
-        if old is not None and old != cands[0].id and node_is_up(self.head.tree, old):
-            self.head.send(old, {"op": "bc_drop", "bc": t.id, "child": m.id})
+        if old is not None and old != cands[0].id and self.head.is_up(old):
+            self.head.send_node(old, "drop", {"bc": t.id, "child": m.id})
         self._feed(t, m, cands[0].id)
 
     def node_lost(self, lost: str, reason: str) -> None:
@@ -462,7 +488,7 @@ class BcastService(Service):
             for m in list(t.members.values()):
                 if wire.is_descendant(m.id, lost) and (not m.error or m.source):
                     why = ("node lost: %s" % reason if m.id == lost else
-                           "node lost with %s: %s" % (node_name(self.head.tree, lost), reason))
+                           "node lost with %s: %s" % (self.head.name_of(lost), reason))
                     self._fail(t, m, why, gone=True)
             self._check_done(t)
 
@@ -489,8 +515,8 @@ class BcastService(Service):
         t.ended = time.monotonic()
         self.transfers.pop(t.id, None)
         for nid in set(t.members) | set(t.sources):
-            if node_is_up(self.head.tree, nid):
-                self.head.send(nid, {"op": "bc_stop", "bc": t.id})
+            if self.head.is_up(nid):
+                self.head.send_node(nid, "stop", {"bc": t.id})
         t.on_done(t)
 
     # -- the verb ------------------------------------------------------------------
@@ -499,33 +525,34 @@ class BcastService(Service):
             raise ValueError("bcast: give DEST as an absolute path (got %r)" % args["dest"])
         if not args.get("src_nodes") and not args["src"].startswith("/"):
             raise ValueError("bcast: give a source on the head as an absolute path")
-        targets = self.head.shell.select_nodes(args)
+        shell = self.head.service(Shell)
+        targets = shell.select_nodes(args.get("mask"), args.get("hosts")) if shell else []
         if not targets:
             raise ValueError("bcast: no node selected")
         if args.get("src_nodes"):
             pat = hostpattern.compile_pattern(args["src_nodes"])
-            sources = [nid for nid in sorted(self.head.tree, key=_id_key)
-                       if node_is_up(self.head.tree, nid) and not self.head.tree[nid].role
-                       and any(pat.match(x) for x in self.head.tree[nid].names())]
+            sources = [n.id for n in self.head.nodes()
+                       if n.up and not n.role and any(pat.match(x) for x in n.names())]
             if not sources:
                 raise ValueError("bcast: no node matches %r" % args["src_nodes"])
         else:
             sources = [wire.HEAD]
         last = [0.0]
 
-        def progress(t: Transfer) -> None:
+        def progress(t: TransferView) -> None:
+            assert isinstance(t, Transfer)
             now = time.monotonic()
             if not args.get("progress") or now - last[0] < PROGRESS_EVERY:
                 return
             last[0] = now
             done = sum(1 for m in t.members.values() if m.target and m.done)
             mib = t.bytes_done() / len(t.targets) / (1 << 20)
-            self.head.send(cid, {"op": "print", "req": req, "stream": 2, "data": (
-                "\rbcast: %.0f of %.0f MiB, %d of %d nodes done " % (
-                    mib, t.size / (1 << 20), done, len(t.targets))).encode()})
+            self.head.say(cid, req, "\rbcast: %.0f of %.0f MiB, %d of %d nodes done " % (
+                mib, t.size / (1 << 20), done, len(t.targets)), end="")
 
-        def done(t: Transfer) -> None:
-            names = {nid: node_name(self.head.tree, nid) for nid in t.targets}
+        def done(t: TransferView) -> None:
+            assert isinstance(t, Transfer)
+            names = {nid: self.head.name_of(nid) for nid in t.targets}
             result = {"nodes": names, "failed": t.failed(), "error": t.error, "bytes": t.size,
                       "seconds": t.ended - t.started, "sha256": t.sha,
                       "plan": {m.id: m.feeder or "" for m in t.members.values()}}

@@ -33,12 +33,14 @@ PROCESS_TAG = "gxp-agent"
 AGENT_MODULES: List[str] = [
     "gxpstyle.serializer", "gxpstyle.schema", "gxpstyle.wire", "gxpstyle.event_loop", "gxpstyle.links",
     "gxpstyle.job_spawn", "gxpstyle.job_runner", "gxpstyle.channels", "gxpstyle.link_auth",
-    "gxpstyle.bootstrap", "gxpstyle.child_bootstrap", "gxpstyle.batch_start", "gxpstyle.bcast_link",
-    "gxpstyle.bcast_agent",
+    "gxpstyle.bootstrap", "gxpstyle.child_bootstrap", "gxpstyle.batch_start", "gxpstyle.node_side",
     "gxpstyle.agent",
 ]
 # The module whose main(fds) a shipped agent runs.
 AGENT_ENTRY = "gxpstyle.agent"
+# Core modules an agent gets only when the head pushes them: the node side of
+# a core service (bcast's), which most agents never host.
+SIDE_MODULES: List[str] = ["gxpstyle.bcast_link", "gxpstyle.bcast_agent"]
 
 # The one receiver of the agent program, shared by every first stage (a
 # channel's `python3 -c`, a batch job's connect-back script): read exactly a
@@ -174,9 +176,10 @@ MAX_MODULES_BLOB = 16 << 20
 
 
 def pushable(name: str) -> bool:
+    """A module the head may push: never one of the agent's own core."""
     parts = name.split(".")
-    return (bool(name) and parts[0] != "gxpstyle"
-            and all(p.isidentifier() for p in parts))
+    return name in SIDE_MODULES or (bool(name) and parts[0] != "gxpstyle"
+                                    and all(p.isidentifier() for p in parts))
 
 
 def module_sources(names: "List[str]") -> Dict[str, str]:
@@ -187,7 +190,7 @@ def module_sources(names: "List[str]") -> Dict[str, str]:
         parts = name.split(".")
         for i in range(1, len(parts) + 1):
             sub = ".".join(parts[:i])
-            if sub in out:
+            if sub in out or sub == "gxpstyle":      # every agent has the package
                 continue
             # Read, not import: the mount code (libfuse through ctypes) need
             # not be loaded into the head to be pushed.

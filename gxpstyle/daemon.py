@@ -14,21 +14,24 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type
 
-from gxpstyle import bootstrap, hostpattern, services, session, use_rules, wire
+from gxpstyle import bootstrap, hostpattern, node_side, services, session, use_rules, wire
 from gxpstyle.agent import Node, remove_node_dirs, usable_cpus
 from gxpstyle.bcast_service import BcastService
 from gxpstyle.client_links import ClientBudget, ClientLink
 from gxpstyle.exec_service import ExecService
 from gxpstyle.explorer import ExploreService
+from gxpstyle.job_table import JobTable
 from gxpstyle.links import Link
-from gxpstyle.replica_catalog import ReplicaCatalog
-from gxpstyle.schema import ListOf, Rec, SchemaError, Str
-from gxpstyle.services import JobTable, Service, Verb
+from gxpstyle.replica_service import ReplicaService
+from gxpstyle.schema import SchemaError
+from gxpstyle.service_host import ServiceHost, TreeHost, id_key
+from gxpstyle.services import Message, Service, Verb
 
-
-WHERE_ARGS = Rec({"paths": ListOf(Str(4096, empty=False), 4096)})
+CORE_SERVICES: List[Tuple[str, Type[Service]]] = [
+    ("explore", ExploreService), ("exec", ExecService), ("bcast", BcastService),
+    ("replicas", ReplicaService)]
 
 
 @dataclass
@@ -57,6 +60,10 @@ class NodeInfo:
                    python=str(info.get("python", "")),
                    bootstrap_seconds=float(info.get("bootstrap_seconds", 0.0)), role=role,
                    slots=max(1, int(info.get("ncpu") or 1)))
+
+    @property
+    def up(self) -> bool:
+        return self.state == "up"
 
     def names(self) -> List[str]:
         out = [self.name]
@@ -94,20 +101,30 @@ class Head(Node):
         # Pushed modules, and the nodes that hold the current set.
         self.pushed: Dict[str, str] = {}
         self.pushed_to: Set[str] = set()
+        self.side_code: Dict[str, bytes] = {}    # service -> its node side's modules, packed
         self.job_table = JobTable(self)
-        # Which node holds which file of the shared mount: fed by the mount
-        # service, read by placement (gxpstyle/replica_catalog.py).
-        self.catalog = ReplicaCatalog()
-        self.explorer = ExploreService(self)
-        self.shell = ExecService(self)
-        self.bcast = BcastService(self)
-        self.services: List[Service] = [self.explorer, self.shell, self.bcast] + \
-            services.load_plugins(self)
+        # Services, each with its own HeadAPI; a plugin's may find the core's
+        # (HeadAPI.service) as it is made, so these come first.
+        self.services: List[Service] = []
+        for name, cls in CORE_SERVICES + services.load_plugins(self.write_log):
+            host = (TreeHost if cls is ExploreService else ServiceHost)(self, name)
+            try:
+                svc = cls(host)
+            except Exception:
+                services.log_exception(self.write_log, "service %s" % name)
+                continue
+            host.bind(svc)
+            self.services.append(svc)
+        self.explorer = next(s for s in self.services if isinstance(s, ExploreService))
+        self.shell = next(s for s in self.services if isinstance(s, ExecService))
+        # Service messages from nodes (node_side.py): by service, then type.
+        self.by_name: Dict[str, Service] = {svc.name: svc for svc in self.services}
+        self.node_tables: Dict[str, Dict[str, Message]] = {}
+        self.hosting: Dict[str, Set[str]] = {}     # service -> nodes hosting its node side
         self.verbs: Dict[str, Tuple[Service, Verb]] = {
             "ping": (self.shell, Verb(self.req_ping)),
             "stat": (self.shell, Verb(self.req_stat)),
             "quit": (self.shell, Verb(self.req_quit)),
-            "where": (self.shell, Verb(self.req_where, WHERE_ARGS)),
         }
         for svc in self.services:
             for name, verb in svc.verbs().items():
@@ -190,14 +207,14 @@ class Head(Node):
         self.clients.pop(cid, None)
         self.job_table.client_closed(cid)
         for svc in self.services:
-            self._guarded(svc.client_closed, "client_closed", cid)
+            self._guarded(svc.client_closed, "%s.client_closed" % svc.name, cid)
 
     def reply(self, cid: str, req: int, status: int, result: Dict[str, Any]) -> None:
         self.send(cid, {"op": "reply", "req": req, "status": status, "result": result})
 
-    def say(self, cid: str, req: int, text: str, stream: int = 2) -> None:
+    def say(self, cid: str, req: int, text: str, stream: int = 2, end: str = "\n") -> None:
         self.send(cid, {"op": "print", "req": req, "stream": stream,
-                        "data": (text + "\n").encode()})
+                        "data": (text + end).encode()})
 
     def deliver_to_client(self, cid: str, src: str, msg: Dict[str, Any]) -> None:
         """A message to a client as if from node `src` (answers for lost nodes)."""
@@ -226,7 +243,7 @@ class Head(Node):
             self.reply(cid, req, 2, {"error": services.describe_error(e)})
         except Exception as e:
             # A bug in one handler fails that request; the session goes on.
-            services.log_exception(self, "request %s" % cmd)
+            services.log_exception(self.write_log, "request %s" % cmd)
             self.reply(cid, req, 1, {"error": "%s: internal error: %s (details in %s)" % (
                 cmd, services.describe_error(e), self.log_file.name)})
 
@@ -234,10 +251,10 @@ class Head(Node):
         try:
             fn(*args)
         except Exception:
-            services.log_exception(self, what)
+            services.log_exception(self.write_log, what)
 
     def log_failure(self, what: str, e: BaseException) -> None:
-        services.log_exception(self, what)
+        services.log_exception(self.write_log, what)
 
     def req_ping(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         self.reply(cid, req, 0, {"pid": os.getpid()})
@@ -250,99 +267,16 @@ class Head(Node):
 
     def req_stat(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         rows = []
-        for nid in sorted(self.tree, key=_id_key):
+        for nid in sorted(self.tree, key=id_key):
             n = self.tree[nid]
             if n.state in ("quit", "gone"):
                 continue
             rows.append([n.id, n.name, n.hostname, n.role or n.channel, n.role, n.state, n.reason,
                          n.pid, n.user, n.python, n.parent or "", n.slots])
         result: Dict[str, Any] = {"node_fields": list(self.STAT_FIELDS), "node_rows": rows}
-        result.update(self.catalog.stat())
         for svc in self.services:
             result.update(svc.stat())
         self.reply(cid, req, 0, result)
-
-    def req_where(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        """The replica catalog's holders of each path: [node name, size, mtime, hash]."""
-        out: Dict[str, List[List[Any]]] = {}
-        for p in args["paths"]:
-            p = os.path.normpath(p)
-            out[p] = [[self.tree[n].name if n in self.tree else n, s, m, h or ""]
-                      for n, (s, m, h) in sorted(self.catalog.replicas(p).items())]
-        self.reply(cid, req, 0, {"replicas": out})
-
-    # -- files a node changed --------------------------------------------------
-    FILES_CHANGED_WAIT = 30.0   # seconds; a service that never answers must not stall make
-
-    def watched(self, paths: List[str]) -> List[str]:
-        """Those of `paths` some service caches (services.under_watched): a
-        recipe that names none of them needs no files_changed at its end."""
-        return services.under_watched(self.services, paths)
-
-    def files_changed(self, node: str, paths: List[str], done: Callable[[], None]) -> None:
-        """Node `node` wrote `paths`: every service acts (Service.files_changed:
-        mounts drop their kernel caches, the catalog learns sizes), and done()
-        runs once all of them have, or after FILES_CHANGED_WAIT seconds."""
-        waiting = set(range(len(self.services)))
-        state: Dict[str, Any] = {"done": False, "timer": None}
-
-        def finish() -> None:
-            if not state["done"]:
-                state["done"] = True
-                self.loop.cancel(state["timer"])
-                done()
-
-        def acted(i: int) -> None:
-            waiting.discard(i)
-            if not waiting:
-                finish()
-
-        def late() -> None:
-            if not state["done"]:
-                self.write_log("files_changed on %s: services %s did not answer in %gs" % (
-                    node, ", ".join(self.services[i].name for i in sorted(waiting)),
-                    self.FILES_CHANGED_WAIT))
-                finish()
-        state["timer"] = self.loop.call_later(self.FILES_CHANGED_WAIT, late)
-        for i, svc in enumerate(list(self.services)):
-            try:
-                svc.files_changed(node, paths, lambda i=i: acted(i))   # type: ignore[misc]
-            except Exception:
-                services.log_exception(self, "%s.files_changed" % svc.name)
-                acted(i)
-
-    def replica_dir(self, node: str, path: str) -> Optional[str]:
-        """Where on `node`'s host a copy of `path` is written for adopt_replica
-        (the first service that keeps such copies), or None."""
-        for svc in self.services:
-            d = svc.replica_dir(node, path)
-            if d:
-                return d
-        return None
-
-    def adopt_replica(self, node: str, path: str, file: str, source: str,
-                      done: Callable[[bool, str, str], None]) -> None:
-        """A transfer put a verified copy of `path` at `file` on `node`'s host:
-        the service that named that place takes it (Service.adopt_replica)."""
-        for svc in self.services:
-            if svc.adopt_replica(node, path, file, source, done):
-                return
-        done(False, "no service keeps copies of %s" % path, "")
-
-    def pin_replicas(self, node: str, paths: List[str], pin: bool,
-                     done: Callable[[], None]) -> None:
-        """Every service keeping copies pins (unpins) `paths` on `node`'s host
-        (Service.pin_replicas); done() once all of them did."""
-        if not paths:
-            done()
-            return
-        one = services.after(len(self.services), done)
-        for svc in list(self.services):
-            try:
-                svc.pin_replicas(node, paths, pin, one)
-            except Exception:
-                services.log_exception(self, "%s.pin_replicas" % svc.name)
-                one()
 
     # -- the tree --------------------------------------------------------------
     def new_req(self) -> int:
@@ -358,7 +292,7 @@ class Head(Node):
                 role: str = "") -> None:
         self.tree[nid] = NodeInfo.from_ready(nid, name, parent, channel, info, role)
         if not role:
-            for svc in self.services:     # the shell's mask, make's waiting recipes
+            for svc in self.services:
                 self._guarded(svc.node_up, "%s.node_up" % svc.name, nid)
 
     def op_spawned(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
@@ -371,17 +305,49 @@ class Head(Node):
             return
         self.explorer.spawned(src, msg)
 
-    def op_bc_opened(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
-        self.bcast.on_opened(src, msg)
+    # -- services' own messages (node_side.py) ------------------------------------
+    def op_svc_msg(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        """A service's message: to its head side if that declares the type,
+        else to its node side here (the head is a node too: a service's two
+        sides name their types apart)."""
+        svc = self.by_name.get(msg["svc"])
+        table = self.node_tables.get(msg["svc"])
+        if svc is not None and table is None:
+            table = self.node_tables[svc.name] = svc.node_messages()
+        if table is None or msg["type"] not in table:
+            super().op_svc_msg(src, msg, link)
+            return
+        try:
+            spec, body = node_side.checked(msg["svc"], table, msg)
+        except ValueError as e:
+            self.write_log("refused a message from %s: %s" % (src, e))
+            return
+        self._guarded(spec.handler, "%s.%s from %s" % (msg["svc"], msg["type"], src), src, body)
 
-    def op_bc_state(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
-        self.bcast.on_state(src, msg)
+    def send_node(self, svc: Service, node: str, mtype: str, body: Dict[str, Any]) -> None:
+        """Service `svc`'s message to its node side on `node`; the first one
+        asks the node to host that side (pushing its modules first)."""
+        hosting = self.hosting.setdefault(svc.name, set())
+        if node not in hosting:
+            module, _, cls = svc.node_side.partition(":")
+            if not (module and cls):
+                raise ValueError("service %s has no node side" % svc.name)
+            if svc.node_modules and node != wire.HEAD:
+                self._push_side(svc, node)
+            self.send(node, {"op": "side", "svc": svc.name, "module": module, "cls": cls})
+            hosting.add(node)
+        self.send(node, node_side.message(svc.name, mtype, body))
 
-    def op_bc_listening(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
-        self.bcast.on_listening(src, msg)
-
-    def op_bc_nolink(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
-        self.bcast.on_nolink(src, msg)
+    def retire_role(self, nid: str) -> None:
+        """A service is done with its role node `nid`: it leaves `stat`, and
+        quits if it still runs."""
+        n = self.tree.get(nid)
+        if n is None or not n.role:
+            return
+        was_up = n.state == "up"
+        n.state = "gone"
+        if was_up:
+            self.send(nid, {"op": "quit"})
 
     def op_done(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         self.job_table.done(src, msg["client"], msg["job"], msg["status"], msg["error"])
@@ -424,6 +390,15 @@ class Head(Node):
         if entry is not None and entry[0] == src:
             del self.svc_hooks[msg["req"]]
             entry[1](msg["ok"], msg["error"], msg["result"])
+
+    def _push_side(self, svc: Service, node: str) -> None:
+        """A node side's modules, to the node about to host it: only those (a
+        node side needs no role payload, and role nodes host no one's side)."""
+        blob = self.side_code.get(svc.name)
+        if blob is None:
+            blob = self.side_code[svc.name] = bootstrap.pack_modules(
+                bootstrap.module_sources(svc.node_modules))
+        self.send(node, {"op": "modules", "blob": blob, "forward": False})
 
     def push_modules(self, names: List[str], nodes: Optional[List[str]] = None) -> None:
         """Make head modules importable on `nodes` (default: every explored node).
@@ -472,6 +447,8 @@ class Head(Node):
                     n.state = "lost"
                     n.reason = msg["reason"] if nid == lost else "parent %s lost" % lost
             self.pushed_to = {n for n in self.pushed_to if not wire.is_descendant(n, lost)}
+            for hosting in self.hosting.values():
+                hosting.difference_update([n for n in hosting if wire.is_descendant(n, lost)])
             self.write_log("lost %s: %s" % (lost, msg["reason"]))
             # Whoever waits on the lost subtree gets its answer now.
             for req, (node, done) in list(self.svc_hooks.items()):
@@ -484,9 +461,6 @@ class Head(Node):
                     self._guarded(spawned, "spawn loss", {"ok": False, "reason": "parent lost",
                                                           "info": {}, "child": child}, "")
             self.job_table.nodes_lost(lost, lambda nid: self.tree[nid].reason if nid in self.tree else "")
-            dropped = self.catalog.drop_node(lost)
-            if dropped:
-                self.write_log("lost %s: %d replicas dropped from the catalog" % (lost, dropped))
             for svc in self.services:
                 self._guarded(svc.node_lost, "%s.node_lost" % svc.name, lost, msg["reason"])
 
@@ -517,13 +491,6 @@ class Head(Node):
                 result = {"unclean": left}
                 link.send(cid, self.id, {"op": "reply", "req": req, "status": status, "result": result})
                 link.flush_blocking(2.0)
-
-
-def _id_key(nid: str) -> List[int]:
-    try:
-        return [int(x) for x in nid.split(".")]
-    except ValueError:
-        return [1 << 30]
 
 
 def _user() -> str:

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Optional, Set
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set
 
 from gxpstyle import hostpattern, wire
 from gxpstyle.schema import Bool, MapOf, Opt, Rec, Str
-from gxpstyle.services import Service, Verb, node_is_up
+from gxpstyle.interfaces import Shell
+from gxpstyle.services import Service, Verb
+
+if TYPE_CHECKING:
+    from gxpstyle.head_api import HeadAPI
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MASK = Str(256, empty=False)
@@ -34,17 +38,17 @@ def check_env_names(env: Dict[str, Optional[str]], verb: str) -> None:
                              "not starting with a digit)" % (verb, k))
 
 
-class ExecService(Service):
+class ExecService(Service, Shell):
     name = "exec"
 
-    def __init__(self, head: Any) -> None:
+    def __init__(self, head: "HeadAPI") -> None:
         super().__init__(head)
         self.last_status: Dict[str, int] = {}
         self.pending_status: Dict[int, Dict[str, int]] = {}
         self.mask: Optional[Set[str]] = None
-        self.saved_masks: Dict[str, Set[str]] = {}
-        self.cwd: Optional[str] = None
-        self.env: Dict[str, Optional[str]] = {}
+        self.saved: Dict[str, Set[str]] = {}           # saved masks by name
+        self.dir: Optional[str] = None                 # `gxpc cd`
+        self.exported: Dict[str, Optional[str]] = {}   # `gxpc export`
 
     def verbs(self) -> Dict[str, Verb]:
         return {
@@ -56,14 +60,20 @@ class ExecService(Service):
             "savemask": Verb(self.req_savemask, Rec({"name": _MASK})),
         }
 
-    # -- state other services read ---------------------------------------------
-    def base_env(self) -> Dict[str, Optional[str]]:
-        return dict(self.env)
+    # -- what other services read (interfaces.Shell) -----------------------------
+    def env(self) -> Dict[str, Optional[str]]:
+        return dict(self.exported)
+
+    def cwd(self) -> Optional[str]:
+        return self.dir
+
+    def saved_masks(self) -> Dict[str, Set[str]]:
+        return {k: set(v) for k, v in self.saved.items()}
 
     def stat(self) -> Dict[str, Any]:
         key = _id_key
         return {"mask": sorted(self.mask, key=key) if self.mask is not None else None,
-                "saved": {k: sorted(v, key=key) for k, v in self.saved_masks.items()}}
+                "saved": {k: sorted(v, key=key) for k, v in self.saved.items()}}
 
     def node_up(self, nid: str) -> None:
         if self.mask is not None:
@@ -82,12 +92,12 @@ class ExecService(Service):
         if not os.path.isdir(d):    # the head runs commands too (gxpc checks the same)
             raise ValueError("cd: %s: %s on the head" % (
                 d, "not a directory" if os.path.exists(d) else "no such directory"))
-        self.cwd = os.path.normpath(d)
+        self.dir = os.path.normpath(d)
         self.head.reply(cid, req, 0, {})
 
     def req_export(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         check_env_names(args["env"], "export")
-        self.env.update(args["env"])
+        self.exported.update(args["env"])
         self.head.reply(cid, req, 0, {})
 
     def succeeded(self, verb: str) -> Set[str]:
@@ -95,7 +105,7 @@ class ExecService(Service):
         failed everywhere) is an error that leaves every selection as it was."""
         if not self.last_status:
             raise ValueError("%s: no command has run yet (gxpc e CMD first); nothing changed" % verb)
-        ok = {n for n, s in self.last_status.items() if s == 0 and node_is_up(self.head.tree, n)}
+        ok = {n for n, s in self.last_status.items() if s == 0 and self.head.is_up(n)}
         if not ok:
             raise ValueError("%s: the last command succeeded on no node; nothing changed" % verb)
         return ok
@@ -111,62 +121,61 @@ class ExecService(Service):
 
     def req_savemask(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         name = args["name"]
-        self.saved_masks[name] = self.succeeded("savemask")
-        self.head.reply(cid, req, 0, {"count": len(self.saved_masks[name])})
+        self.saved[name] = self.succeeded("savemask")
+        self.head.reply(cid, req, 0, {"count": len(self.saved[name])})
 
-    def select_nodes(self, args: Dict[str, Any]) -> List[str]:
+    def select_nodes(self, mask: Optional[str] = None, hosts: Optional[str] = None) -> List[str]:
         """The explored nodes `e` runs on: a saved mask, the current mask, or all;
         then those whose names match `hosts`."""
-        tree = self.head.tree
-        up = [nid for nid, n in tree.items() if n.state == "up" and not n.role]
-        if args.get("mask"):
-            if args["mask"] not in self.saved_masks:
-                raise ValueError("no saved mask named %r (gxpc savemask NAME saves one)" % args["mask"])
-            chosen = self.saved_masks[args["mask"]]
+        views = {n.id: n for n in self.head.nodes() if n.up and not n.role}
+        if mask:
+            if mask not in self.saved:
+                raise ValueError("no saved mask named %r (gxpc savemask NAME saves one)" % mask)
+            chosen = self.saved[mask]
         elif self.mask is not None:
             chosen = self.mask
         else:
-            chosen = set(up)
-        if args.get("hosts"):
-            pat = hostpattern.compile_pattern(args["hosts"])
+            chosen = set(views)
+        if hosts:
+            pat = hostpattern.compile_pattern(hosts)
             chosen = {nid for nid in chosen
-                      if nid in tree and any(pat.match(x) for x in tree[nid].names())}
-        return sorted((nid for nid in up if nid in chosen), key=_id_key)
+                      if nid in views and any(pat.match(x) for x in views[nid].names())}
+        return sorted((nid for nid in views if nid in chosen), key=_id_key)
 
     def req_e(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         check_env_names(args.get("env") or {}, "e")
-        nodes = self.select_nodes(args)
-        tree = self.head.tree
-        env = dict(self.env)
+        nodes = self.select_nodes(args.get("mask"), args.get("hosts"))
+        names = {nid: self.head.name_of(nid) for nid in nodes}
+        env = dict(self.exported)
         env.update(args.get("env") or {})
         total = len(nodes)
 
         def env_for(nid: str, idx: int) -> Dict[str, Optional[str]]:
             e = dict(env)
             e.update({"GXP_NODE_ID": nid, "GXP_EXEC_IDX": str(idx), "GXP_NUM_EXECS": str(total),
-                      "GXP_HOSTNAME": tree[nid].name})
+                      "GXP_HOSTNAME": names[nid]})
             return e
 
         def cwd_for(nid: str) -> Optional[str]:
             # `gxpc cd` wins; otherwise the head runs where the user is, and
             # the other nodes in their home directory.
-            return self.cwd or (args.get("cwd") if nid == wire.HEAD else None)
+            return self.dir or (args.get("cwd") if nid == wire.HEAD else None)
 
         # The reply (with the job id) must reach the client before any output:
         # both travel on the same link, so reply first, then start.
-        job = self.head.job_table.new_id()
-        self.head.reply(cid, req, 0, {"job": job, "nodes": {n: tree[n].name for n in nodes}})
+        job = self.head.new_job()
+        self.head.reply(cid, req, 0, {"job": job, "nodes": names})
         if nodes:
             self.pending_status[job] = {}
-        self.head.job_table.start(self, cid, job, nodes, args["cmd"], env_for, cwd_for,
-                                  stdin=bool(args.get("stdin")))
+        self.head.start_job(cid, job, nodes, args["cmd"], env_for, cwd_for,
+                            stdin=bool(args.get("stdin")))
 
     def job_done(self, client: str, job: int, node: str, status: int, error: str) -> None:
         got = self.pending_status.get(job)
         if got is None:
             return
         got[node] = status
-        if not self.head.job_table.running_on(client, job):
+        if not self.head.running_on(client, job):
             self.last_status = self.pending_status.pop(job)
 
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
 from gxpstyle import hostpattern, limits, spanning_tree, use_rules, wire
 from gxpstyle.schema import Bool, Int, ListOf, MapOf, Num, Rec, Str
 from gxpstyle.services import Service, Verb
+
+if TYPE_CHECKING:
+    from gxpstyle.service_host import TreeHost
 
 _lo_local, _hi_local, _ = limits.RANGES["local"]
 _lo_fan, _hi_fan, _ = limits.RANGES["fanout"]
@@ -70,8 +73,9 @@ class Exploration:
 class ExploreService(Service):
     name = "explore"
 
-    def __init__(self, head: Any) -> None:
+    def __init__(self, head: "TreeHost") -> None:
         super().__init__(head)
+        self.tree_host = head      # the explorer builds the tree: it may add to it
         self.rules: List[use_rules.UseRule] = []
         self.explorations: Dict[int, Exploration] = {}
         self.spawn_reqs: Dict[int, Tuple[Exploration, spanning_tree.Assignment, str]] = {}
@@ -96,7 +100,7 @@ class ExploreService(Service):
         self.head.reply(cid, req, 0, {"rules": [r.to_dict() for r in self.rules]})
 
     def req_explore(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        head = self.head
+        head = self.tree_host
         fanout = int(args.get("fanout") or 8)
         timeout = float(args.get("timeout") or 20.0)
         rules = list(self.rules)
@@ -109,7 +113,7 @@ class ExploreService(Service):
                 raise ValueError("explore: more than %d target hosts; check the patterns" % MAX_TARGETS)
         local = int(args.get("local") or 0)
         if local:
-            used = {n.name for n in head.tree.values()}
+            used = {n.name for n in head.nodes()}
             i = 1
             while local > 0:
                 name = "local%d" % i
@@ -120,7 +124,7 @@ class ExploreService(Service):
             rules.append(use_rules.make_rule("local", "*", "local*"))
         ex = Exploration(cid, req, time.monotonic(), timeout=timeout, fanout=fanout,
                          host_settings=dict(args.get("host_settings") or {}))
-        live_names = {n.name for n in head.tree.values() if n.state == "up"}
+        live_names = {n.name for n in head.nodes() if n.up}
         fresh: List[str] = []
         seen = set(live_names)
         for t in targets:
@@ -128,12 +132,12 @@ class ExploreService(Service):
                 seen.add(t)
                 fresh.append(t)
         children: Dict[str, int] = {}
-        for n in head.tree.values():
-            if n.state == "up" and n.parent is not None:
+        for n in head.nodes():
+            if n.up and n.parent is not None:
                 children[n.parent] = children.get(n.parent, 0) + 1
-        live = [spanning_tree.PlanNode("id:" + nid, n.names() + (["head"] if nid == wire.HEAD else []),
-                                       nid.count("."), children.get(nid, 0), fanout)
-                for nid, n in head.tree.items() if n.state == "up" and not n.role]
+        live = [spanning_tree.PlanNode("id:" + n.id, n.names() + (["head"] if n.id == wire.HEAD else []),
+                                       n.id.count("."), children.get(n.id, 0), fanout)
+                for n in head.nodes() if n.up and not n.role]
 
         def fanout_for(target: str, rule: use_rules.UseRule) -> int:
             return int(rule.options.get("fanout")
@@ -156,8 +160,9 @@ class ExploreService(Service):
 
     def _dispatch(self, ex: Exploration, a: spanning_tree.Assignment, parent: str) -> None:
         if a.rule.channel == "local":
-            host = self.head.tree[parent].hostname
-            limit = LOCAL_STARTS_PER_CPU * max(1, self.head.tree[parent].slots)
+            info = self.head.node(parent)
+            host = info.hostname if info is not None else parent
+            limit = LOCAL_STARTS_PER_CPU * max(1, info.slots if info is not None else 1)
             if self.local_busy.get(host, 0) >= limit:
                 self.local_queue.setdefault(host, collections.deque()).append((ex, a, parent))
                 ex.queued += 1
@@ -177,15 +182,14 @@ class ExploreService(Service):
         while queue:
             ex, a, parent = queue.popleft()
             ex.queued -= 1
-            node = self.head.tree.get(parent)
-            if node is not None and node.state == "up":
+            if self.head.is_up(parent):
                 self._dispatch(ex, a, parent)
                 return
             self._fail(ex, a.target, "not explored: its parent was lost")
             self._maybe_done(ex)
 
     def _send_spawn(self, ex: Exploration, a: spanning_tree.Assignment, parent: str) -> int:
-        head = self.head
+        head = self.tree_host
         child = head.new_child_id(parent)
         spec = dict(a.rule.options)
         spec["name"] = a.rule.channel
@@ -197,8 +201,8 @@ class ExploreService(Service):
         req = head.new_req()
         ex.pending[req] = (a, child)
         self.spawn_reqs[req] = (ex, a, child)
-        head.send(parent, {"op": "spawn", "req": req, "child": child, "target": a.target,
-                           "channel": spec, "timeout": timeout})
+        head.spawn(parent, {"op": "spawn", "req": req, "child": child, "target": a.target,
+                            "channel": spec, "timeout": timeout})
         return req
 
     def spawned(self, src: str, msg: Dict[str, Any]) -> bool:
@@ -210,7 +214,7 @@ class ExploreService(Service):
         ex, a, child = entry
         ex.pending.pop(msg["req"], None)
         if msg["ok"] and msg["child"] == child and src == child.rsplit(".", 1)[0]:
-            self.head.node_up(child, a.target, src, a.rule.channel, msg["info"])
+            self.tree_host.node_up(child, a.target, src, a.rule.channel, msg["info"])
             ex.up.append(a.target)
             for waiting in ex.waiting.pop(a.target, []):
                 self._dispatch(ex, waiting, child)

@@ -24,8 +24,13 @@ import os
 import select
 import socket
 import ssl
+import struct
 import threading
 import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List
 
 MAGIC = b"GXA1"
 HANDSHAKE_SECONDS = 10.0
@@ -335,3 +340,47 @@ class Listener(object):
         except OSError:
             pass
         self.sock.close()
+
+
+# -- addresses (direct links and GMount's data channels pick a peer's) ---------
+def local_addresses() -> "List[str]":
+    """This host's IPv4 addresses (loopback last), from /proc: no ifconfig needed."""
+    found: "List[str]" = []
+    try:
+        with open("/proc/net/fib_trie") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for i, line in enumerate(lines):
+        if "/32 host LOCAL" in line and i > 0:
+            addr = lines[i - 1].strip().lstrip("|-+` ").strip()
+            if addr and addr not in found and not addr.startswith("127."):
+                found.append(addr)
+    found.append("127.0.0.1")
+    return found
+
+
+def _as_int(addr: str) -> int:
+    try:
+        return struct.unpack("!I", socket.inet_aton(addr))[0]
+    except OSError:
+        return 0
+
+
+def pick_address(peer_addrs: "List[str]", own: "List[str]") -> str:
+    """The peer address sharing the longest prefix with one of ours: on the same
+    subnet first, loopback only for a peer on this very host."""
+    best, best_len = peer_addrs[0] if peer_addrs else "127.0.0.1", -1
+    for a in peer_addrs:
+        if a.startswith("127."):
+            if a in own and best_len < 0:
+                best = a
+            continue
+        ai = _as_int(a)
+        for o in own:
+            if o.startswith("127."):
+                continue
+            common = 32 - (ai ^ _as_int(o)).bit_length()
+            if common > best_len:
+                best, best_len = a, common
+    return best

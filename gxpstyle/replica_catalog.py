@@ -5,7 +5,7 @@ mountpoint, e.g. /mnt/gx/work/a.bam); each maps to its replicas, one per node
 id: (size, mtime, content hash or None). The GMount service feeds it (each
 node's export when the mount comes up, and the files a recipe wrote once it
 has acted on them), the make service reads it to place recipes next to their
-inputs, and a lost subtree drops its replicas (Service.node_lost).
+inputs, and a lost subtree drops its replicas (ReplicaService.node_lost).
 
 Memory is what bounds it, so nothing here is a dict per entry: node ids are
 interned (a small int each), a file's replicas are one packed `bytes` of 20

@@ -161,41 +161,15 @@ SCHEMA: Dict[str, Rec] = {
     # the command took `bytes` of its stdin (eof: it will take no more)
     "out_ack": Rec({"job": _JOB, "bytes": Int(0, 1 << 62)}, open=True),
     "stdin_ack": Rec({"job": _JOB, "bytes": Int(0, 1 << 62), "eof": Bool()}, open=True),
-    # node-to-node file transfer (head plans; agents move bytes)
-    "xfer_open": Rec({"xfer": _JOB, "path": Str(4096), "mode": Int(0, 0o7777),
-                      "size": Int(0, 1 << 62)}, open=True),
-    "xfer_data": Rec({"xfer": _JOB, "data": Bytes(MAX_FRAME)}, open=True),
-    "xfer_close": Rec({"xfer": _JOB, "sha256": Str(64)}, open=True),
-    "xfer_done": Rec({"xfer": _JOB, "ok": Bool(), "error": _TEXT}, open=True),
-    # broadcast (bcast_service.py plans, bcast_agent.py moves bytes): the head
-    # opens the sources, plans every receiver, and names each node's feeder;
-    # chunks go feeder -> child with the source's SHA-256 of each, acked one by one
-    "bc_open": Rec({"bc": _JOB, "path": Str(4096, empty=False), "chunk": Int(1 << 12, 1 << 21)},
+    # a service's own messages between its head side and its node sides
+    # (node_side.py), routed by service name; `body` is checked against the
+    # schema the receiving side declares for `type` before a handler sees it
+    "svc_msg": Rec({"svc": Str(64, empty=False), "type": Str(64, empty=False), "body": _MAP},
                    open=True),
-    # chunks_sha256: the SHA-256 of the chunks' SHA-256s in order, which a
-    # receiver checks instead of hashing the whole file a second time
-    "bc_opened": Rec({"bc": _JOB, "ok": Bool(), "error": _TEXT, "size": Int(0, 1 << 62),
-                      "mode": Int(0, 0o7777), "sha256": Str(64)}, {"chunks_sha256": Str(64)},
-                     open=True),
-    "bc_plan": Rec({"bc": _JOB, "size": Int(0, 1 << 62), "mode": Int(0, 0o7777),
-                    "sha256": Str(64), "chunk": Int(1 << 12, 1 << 21), "dest": Str(4096),
-                    "name": Str(4096)}, {"chunks_sha256": Str(64), "listen": Bool()}, open=True),
-    # listen: open a direct-link listener (bcast_link.py) and answer bc_listening;
-    # a bc_feed with a port feeds the child over a direct link to it, and a
-    # feeder whose direct link fails or closes says so (bc_nolink)
-    "bc_listening": Rec({"bc": _JOB, "port": Int(0, 65535), "addrs": ListOf(Str(64), 16),
-                         "error": _TEXT}, open=True),
-    "bc_feed": Rec({"bc": _JOB, "child": _ID, "start": Int(0, 1 << 40)},
-                   {"corrupt": Int(-1, 1 << 40), "port": Int(0, 65535),
-                    "addrs": ListOf(Str(64), 16)}, open=True),
-    "bc_nolink": Rec({"bc": _JOB, "child": _ID, "error": _TEXT}, open=True),
-    "bc_drop": Rec({"bc": _JOB, "child": _ID}, open=True),
-    "bc_chunk": Rec({"bc": _JOB, "index": Int(0, 1 << 40), "data": Bytes(MAX_FRAME),
-                     "sha256": Bytes(32)}, open=True),
-    "bc_ack": Rec({"bc": _JOB, "index": Int(0, 1 << 40)}, open=True),
-    "bc_state": Rec({"bc": _JOB, "have": Int(0, 1 << 40), "done": Bool(), "error": _TEXT,
-                     "bad": Str(MAX_ADDR)}, open=True),
-    "bc_stop": Rec({"bc": _JOB}, open=True),
+    # the head asks a node to host a service's node side (node_side.py): a
+    # class of a module in the agent payload or pushed by the head
+    "side": Rec({"svc": Str(64, empty=False), "module": Str(256, empty=False),
+                 "cls": Str(128, empty=False)}, open=True),
     # calls to a node's role (a service such as GMount's per-node mount)
     "svc": Rec({"req": _REQ, "call": Str(64), "args": _MAP}, open=True),
     "svc_reply": Rec({"req": _REQ, "ok": Bool(), "error": _TEXT, "result": _MAP}, open=True),

@@ -5,7 +5,7 @@ placement (placement.py: input bytes from the replica catalog against load,
 hints) picks it and the recipe runs there like one node's share of `gxpc e`,
 in this service's own books: make's recipes never change what `gxpc smask`
 selects. A recipe whose best node is busy waits here (delay scheduling), its
-reply held. When a recipe ends, the mounts act on its files (Head.files_changed:
+reply held. When a recipe ends, the mounts act on its files (ReplicaAPI.files_changed:
 caches dropped everywhere, outputs into the catalog) before the `settled`
 verb answers, so make hears a success only once every node sees the outputs
 complete. A service of the core (gxpstyle/services.py).
@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+from gxpstyle.interfaces import BcastAPI, ReplicaAPI, Shell
 from gxpstyle.schema import Bool, Int, ListOf, MapOf, Opt, Rec, Str
 from gxpstyle.services import Service, Verb
 from make_backend.placement import Hints, NodeView, Placement
@@ -39,6 +40,9 @@ ENV_ARGS = Rec({"env": _ENV}, {"pull_threshold": Int(0, INF), "transfer_slots": 
 SETTLED_ARGS = Rec({"job": Int(0, 1 << 62)})
 NODE_VARS = ("GXP_NODE_ID", "GXP_HOSTNAME")   # the node's own, never the make's
 
+if TYPE_CHECKING:
+    from gxpstyle.head_api import HeadAPI
+
 
 @dataclass
 class Waiting:
@@ -59,8 +63,13 @@ class Settling:
 class MakeService(Service):
     name = "make"
 
-    def __init__(self, head: Any) -> None:
+    def __init__(self, head: "HeadAPI") -> None:
         super().__init__(head)
+        shell, replicas, bcast = head.service(Shell), head.service(ReplicaAPI), head.service(BcastAPI)
+        if shell is None or replicas is None or bcast is None:
+            raise ValueError("make needs the core's shell, replica and bcast services")
+        self.shell: Shell = shell
+        self.replicas: ReplicaAPI = replicas
         self.slot_books = SlotBooks()
         self.placement = Placement()
         self.envs: Dict[str, Dict[str, Optional[str]]] = {}   # client -> its make's environment
@@ -69,7 +78,7 @@ class MakeService(Service):
         self.settling: Dict[Tuple[str, int], Settling] = {}
         self._timer: Optional[int] = None
         self._timer_at = 0.0
-        self.transfers = TransferPlanner(head)
+        self.transfers = TransferPlanner(head, replicas, bcast)
         self.started: Dict[Tuple[str, int], Tuple[str, str, float]] = {}   # traced recipes
         # client -> (generation, the session's env it was built on, node -> environment)
         self.bases: Dict[str, Tuple[int, Dict[str, Optional[str]], Dict[str, Dict[str, Optional[str]]]]] = {}
@@ -128,30 +137,34 @@ class MakeService(Service):
         head = self.head
         args = w.args
         avoid = set(args.get("avoid") or [])
-        nodes = [n for n in head.shell.select_nodes({}) if n not in avoid]
+        nodes = [n for n in self.shell.select_nodes() if n not in avoid]
         if not nodes:
             head.reply(w.cid, w.req, 1, {"error": "no node is up to run the recipe"})
             return True
         slots = int(args.get("slots") or 1)
-        views = [NodeView(n, head.tree[n].names(), head.tree[n].hostname, head.tree[n].slots,
-                          self.slot_books.running.get(n, 0)) for n in nodes]
-        held_by_node, total = head.catalog.bytes_by_node(args.get("inputs") or [])
+        views = []
+        for n in nodes:
+            info = head.node(n)
+            if info is not None:
+                views.append(NodeView(n, info.names(), info.hostname, info.slots,
+                                      self.slot_books.running.get(n, 0)))
+        held_by_node, total = self.replicas.bytes_by_node(args.get("inputs") or [])
         held: Dict[str, int] = {}
         for holder, nbytes in held_by_node.items():
-            info = head.tree.get(holder)
-            if info is not None and info.state == "up":
+            info = head.node(holder)
+            if info is not None and info.up:
                 held[info.hostname] = held.get(info.hostname, 0) + nbytes
         hints = Hints(on=str(args.get("on") or ""), place=str(args.get("place") or ""),
                       slots=slots, dp=str(args.get("dp") or ""))
         d = self.placement.decide(views, held, total, hints, w.since, time.monotonic(),
-                                  head.shell.saved_masks)
+                                  self.shell.saved_masks())
         if d.error:
             head.reply(w.cid, w.req, 1, {"error": d.error})
             return True
         if d.node is None:
             w.why, w.retry_at = d.why, d.retry_at
             return False
-        head.catalog.bytes_moved += d.fetch
+        self.replicas.count_moved(d.fetch)
         self._run(w.cid, w.req, args, d.node, slots,
                   {"why": d.why, "local": d.local, "fetch": d.fetch})
         return True
@@ -170,12 +183,12 @@ class MakeService(Service):
         if self._timer is not None:
             if self._timer_at <= now + wait:
                 return
-            self.head.loop.cancel(self._timer)
+            self.head.cancel(self._timer)
 
         def fire() -> None:
             self._timer = None
             self._retry()
-        self._timer = self.head.loop.call_later(wait, fire)
+        self._timer = self.head.call_later(wait, fire)
         self._timer_at = now + wait
 
     def _retry(self) -> None:
@@ -188,16 +201,16 @@ class MakeService(Service):
     def _run(self, cid: str, req: int, args: Dict[str, Any], nid: str, slots: int,
              why: Dict[str, Any]) -> None:
         head = self.head
-        name = head.tree[nid].name
+        name = head.name_of(nid)
         # what this recipe's environment changes from its make's (_base)
         env = {k: v for k, v in (args.get("env") or {}).items() if k not in NODE_VARS}
-        job = head.job_table.new_id()
+        job = head.new_job()
         # only files some service caches (a mount) need acting on at the end
-        paths = head.watched(list(args.get("inputs") or []))
+        paths = self.replicas.watched(list(args.get("inputs") or []))
         settle = bool(paths)
         # The reply goes first: the client learns the job id before its output
         # (and may send it stdin before it starts: the job table holds that).
-        head.job_table.announce(cid, job)
+        head.announce_job(cid, job)
         head.reply(cid, req, 0, dict(why, job=job, node=nid, name=name, settle=settle))
         if settle:
             self.paths[(cid, job)] = paths
@@ -205,20 +218,20 @@ class MakeService(Service):
         self.slot_books.started((cid, job), nid, slots)
 
         def start() -> None:      # once the inputs it lacks are on its node
-            info = head.tree.get(nid)
-            if info is None or info.state != "up":
-                head.job_table.forget(cid, job)
+            info = head.node(nid)
+            if info is None or not info.up:
+                head.forget_job(cid, job)
                 error = "node lost: %s" % (info.reason if info is not None else nid)
                 self.job_done(cid, job, nid, 255, error)
-                head.deliver_to_client(cid, nid, {"op": "exit", "job": job, "status": 255,
-                                                  "error": error})
+                head.tell_client(cid, nid, {"op": "exit", "job": job, "status": 255,
+                                            "error": error})
                 return
             if self.transfers.trace(cid) is not None:
                 self.started[(cid, job)] = (name, args["cmd"].strip().split("\n", 1)[0][:200],
                                             time.time())
-            head.job_table.start(self, cid, job, [nid], args["cmd"], lambda n, i: env,
-                                 lambda n: args.get("cwd"), stdin=bool(args.get("stdin")),
-                                 base_for=lambda n: self._base(cid, n))
+            head.start_job(cid, job, [nid], args["cmd"], lambda n, i: env,
+                           lambda n: args.get("cwd"), stdin=bool(args.get("stdin")),
+                           base_for=lambda n: self._base(cid, n))
         fetch, staged, copying = int(why.get("fetch") or 0), time.monotonic(), [False]
 
         def measured() -> None:   # the placement weighs SOFT waits against this rate
@@ -234,7 +247,7 @@ class MakeService(Service):
         """The environment a make's recipes share on node `nid` (the session's,
         the make's, the node's GXP_ variables): each node gets it once
         (JobTable.start), each recipe only what it changes."""
-        shell = self.head.shell.env
+        shell = self.shell.env()
         b = self.bases.get(cid)
         if b is None or b[1] != shell:
             self.base_gen += 1
@@ -243,7 +256,7 @@ class MakeService(Service):
         if env is None:
             env = dict(shell)
             env.update(self.envs.get(cid, {}))
-            env.update({"GXP_NODE_ID": nid, "GXP_HOSTNAME": self.head.tree[nid].name})
+            env.update({"GXP_NODE_ID": nid, "GXP_HOSTNAME": self.head.name_of(nid)})
             b[2][nid] = env
         return ("make", b[0]), env
 
@@ -261,13 +274,13 @@ class MakeService(Service):
         paths = self.paths.pop(key, None)
         if paths is not None and status == 0:
             # a success counts once every mount shows its files as they are
-            self.head.files_changed(node, paths, lambda: self._acted(key))
+            self.replicas.files_changed(node, paths, lambda: self._acted(key))
         elif paths is not None:
             # a failed recipe: every mount drops its caches of its files too
             # (make's .DELETE_ON_ERROR deletes a target only if it sees a new
             # mtime), but no node is named as their writer, so its partial
             # outputs never enter the catalog
-            self.head.files_changed("", paths, lambda: self._acted(key))
+            self.replicas.files_changed("", paths, lambda: self._acted(key))
         if self.waiting:
             self._retry()
 

@@ -14,8 +14,8 @@ recipe pull them through the mount while it runs (Confuga's push and pull):
   fails); `fixed` order (by node id) is there to measure what random buys.
 
 The copy is written, verified (SHA-256 per chunk and whole) and renamed into
-the replica store of the mount on N's host (Head.replica_dir), then adopted as
-the replica the mount reads that file from (Head.adopt_replica): reading it on
+the replica store of the mount on N's host (ReplicaAPI.replica_dir), then adopted
+as the replica the mount reads that file from (ReplicaAPI.adopt): reading it on
 N is local. Then the catalog records N's host as a holder, and only then does
 the recipe start. A transfer that fails leaves the recipe to read through the
 mount, as it would without planning.
@@ -32,11 +32,14 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from gxpstyle import wire
-from gxpstyle.services import node_is_up, node_name
+from gxpstyle.interfaces import BcastAPI, ReplicaAPI, Transfer
 from make_backend.transfer_trace import TraceFile
+
+if TYPE_CHECKING:
+    from gxpstyle.head_api import HeadAPI
 
 INF = 1 << 62                      # `inf` on the wire: pull everything
 # benchmarks/transfers.py --workflows on 8 hosts at 100 Mbit/s: a push was as
@@ -84,15 +87,18 @@ class Stage:
 
 
 class TransferPlanner:
-    def __init__(self, head: Any, rng: Optional[random.Random] = None) -> None:
+    def __init__(self, head: "HeadAPI", replicas: ReplicaAPI, bcast: BcastAPI,
+                 rng: Optional[random.Random] = None) -> None:
         self.head = head
+        self.replicas = replicas
+        self.bcast = bcast
         self.rng = rng or random.Random()
         self.options: Dict[str, Options] = {}          # client -> its make's options
         self.needs: Dict[Tuple[str, str], Need] = {}   # (node, path) -> queued or running
         self.queue: List[Need] = []
         self.busy: Dict[str, int] = {}                 # node -> transfers it receives now
         self.feeding: Dict[str, int] = {}              # node -> transfers it is the first source of
-        self.pushing: Dict[str, Tuple[Any, Dict[str, Need]]] = {}   # path -> its running push
+        self.pushing: Dict[str, Tuple[Transfer, Dict[str, Need]]] = {}   # path -> its running push
         self.stages: Dict[Key, Stage] = {}
         self.pinned: Dict[Key, Tuple[str, List[str]]] = {}   # recipe -> (node, inputs) pinned there
         self.seq = 0
@@ -153,7 +159,7 @@ class TransferPlanner:
         # Its inputs' replicas on the node stay until it ends (release): the
         # store evicts others first. It starts once the pin holds.
         self.pinned[key] = (node, list(dict.fromkeys(paths)))
-        self.head.pin_replicas(node, self.pinned[key][1], True, lambda: self._ready(st))
+        self.replicas.pin(node, self.pinned[key][1], True, lambda: self._ready(st))
 
     def _ready(self, st: Stage) -> None:
         st.pending -= 1
@@ -165,14 +171,14 @@ class TransferPlanner:
         """The recipe ended (or will never start): its inputs' pins go."""
         pinned = self.pinned.pop(key, None)
         if pinned is not None:
-            self.head.pin_replicas(pinned[0], pinned[1], False, lambda: None)
+            self.replicas.pin(pinned[0], pinned[1], False, lambda: None)
 
     def _need(self, node: str, host: str, path: str, o: Options) -> Optional[Need]:
-        reps = self.head.catalog.replicas(path)
-        up = {n: r for n, r in reps.items() if node_is_up(self.head.tree, n)}
+        reps = self.replicas.replicas(path)
+        up = {n: r for n, r in reps.items() if self.head.is_up(n)}
         if not up or any(self._host(n) == host for n in up):
             return None                 # nobody has it (an output to come), or here already
-        if self.head.replica_dir(node, path) is None:
+        if self.replicas.replica_dir(node, path) is None:
             return None                 # not a file of a mount
         size, mtime, _ = max(up.values(), key=lambda r: r[0])
         return Need(node, path, size, mtime, push=size >= o.pull_threshold, order=o.pull_order)
@@ -186,7 +192,7 @@ class TransferPlanner:
         def fire() -> None:
             self._armed = False
             self._pump()
-        self.head.loop.call_later(BATCH_DELAY, fire)
+        self.head.call_later(BATCH_DELAY, fire)
 
     def _slots(self, need: Need) -> int:
         best = 1
@@ -222,9 +228,9 @@ class TransferPlanner:
         if running is None:
             return False
         t, by_node = running
-        d = self.head.replica_dir(need.node, need.path)
+        d = self.replicas.replica_dir(need.node, need.path)
         self.seq += 1
-        if d is None or not self.head.bcast.join(t, need.node, os.path.join(
+        if d is None or not self.bcast.join(t, need.node, os.path.join(
                 d, ".tmp-xfer-%d-{sha256}" % self.seq)):
             return False
         need.running, need.started = True, time.time()
@@ -234,7 +240,7 @@ class TransferPlanner:
 
     def _start(self, group: List[Need]) -> None:
         first = group[0]
-        holders = [n for n in self.head.catalog.holders(first.path) if node_is_up(self.head.tree, n)]
+        holders = [n for n in self.replicas.holders(first.path) if self.head.is_up(n)]
         if first.push:
             # the head plans: the holder feeding the fewest transfers first
             holders.sort(key=lambda n: (self.feeding.get(n, 0), _id_key(n)))
@@ -249,7 +255,7 @@ class TransferPlanner:
         dests: Dict[str, str] = {}
         now = time.time()
         for n in group:
-            d = self.head.replica_dir(n.node, n.path)
+            d = self.replicas.replica_dir(n.node, n.path)
             self.seq += 1
             dests[n.node] = os.path.join(d or "/nonexistent", ".tmp-xfer-%d-{sha256}" % self.seq)
             n.running, n.started = True, now
@@ -257,12 +263,12 @@ class TransferPlanner:
         by_node = {n.node: n for n in group}
         src = holders[0]
         self.feeding[src] = self.feeding.get(src, 0) + 1
-        t = self.head.bcast.start(holders[:MAX_SOURCES], first.path, list(by_node), "/nonexistent",
-                                  lambda t: self._done(t, by_node, src), dests=dests)
+        t = self.bcast.start(holders[:MAX_SOURCES], first.path, list(by_node), "/nonexistent",
+                             lambda t: self._done(t, by_node, src), dests=dests)
         if first.push and t is not None and not t.finished:
             self.pushing[first.path] = (t, by_node)
 
-    def _done(self, t: Any, by_node: Dict[str, Need], src: str) -> None:
+    def _done(self, t: Transfer, by_node: Dict[str, Need], src: str) -> None:
         self.feeding[src] = max(0, self.feeding.get(src, 0) - 1)
         if self.pushing.get(t.path, (None,))[0] is t:
             del self.pushing[t.path]
@@ -278,11 +284,11 @@ class TransferPlanner:
             def adopted(ok: bool, error: str, holder: str, need: Need = need,
                         source: str = t.primary) -> None:
                 if ok:
-                    self.head.catalog.add(need.path, holder, need.size, need.mtime, None)
+                    self.replicas.add(need.path, holder, need.size, need.mtime, None)
                     self.moved["push" if need.push else "pull"] += need.size
                     self._traced(need, source)
                 self._finish(need, "" if ok else error)
-            self.head.adopt_replica(node, need.path, dest, t.primary, adopted)
+            self.replicas.adopt(node, need.path, dest, t.primary, adopted)
         self._pump()
 
     def _traced(self, need: Need, source: str) -> None:
@@ -291,13 +297,13 @@ class TransferPlanner:
             tr = self.trace(st.key[0])
             if tr is not None and id(tr) not in seen:
                 seen.add(id(tr))
-                tr.transfer(node_name(self.head.tree, need.node), need.path, need.size, need.started,
-                            time.time(), "push" if need.push else "pull", node_name(self.head.tree, source))
+                tr.transfer(self.head.name_of(need.node), need.path, need.size, need.started,
+                            time.time(), "push" if need.push else "pull", self.head.name_of(source))
 
     def _finish(self, need: Need, error: str = "") -> None:
         if error:
-            self.head.write_log("transfer of %s to %s: %s (the recipe reads it through the mount)"
-                                % (need.path, node_name(self.head.tree, need.node), error))
+            self.head.log("transfer of %s to %s: %s (the recipe reads it through the mount)"
+                                % (need.path, self.head.name_of(need.node), error))
         self.needs.pop((need.node, need.path), None)
         if need in self.queue:
             self.queue.remove(need)
@@ -314,7 +320,7 @@ class TransferPlanner:
 
     # -- helpers -----------------------------------------------------------------
     def _host(self, nid: str) -> str:
-        n = self.head.tree.get(nid)
+        n = self.head.node(nid)
         return n.hostname if n is not None else nid
 
     def stat(self) -> Dict[str, Any]:

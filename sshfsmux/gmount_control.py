@@ -23,14 +23,18 @@ from __future__ import annotations
 import os
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 from gxpstyle import limits, wire
+from gxpstyle.interfaces import ReplicaAPI
 from gxpstyle.schema import Bool, Int, Opt, Rec, Str
 from gxpstyle.services import Service, Verb, after
 from sshfsmux import file_records, mount_nesting
 
 from sshfsmux.gmount_node import NODE_MODULES as MODULES   # the mount code's own list
+
+if TYPE_CHECKING:
+    from gxpstyle.head_api import HeadAPI
 SERVICE_TIMEOUT = 30.0
 ROLE = "gmount"
 ROLE_MODULE = "sshfsmux.gmount_node"
@@ -62,10 +66,17 @@ class Mount:
 
 
 class GMountService(Service):
+    """GMount's head side, and a ReplicaKeeper (interfaces.py) of the replica
+    service: it feeds the catalog and keeps copies in its replica stores."""
     name = "gmount"
 
-    def __init__(self, head: Any) -> None:
+    def __init__(self, head: "HeadAPI") -> None:
         super().__init__(head)
+        replicas = head.service(ReplicaAPI)
+        if replicas is None:
+            raise ValueError("gmount needs the replica service")
+        self.catalog: ReplicaAPI = replicas
+        replicas.add_keeper(self)
         self.mounts: Dict[str, Mount] = {}
         self._detaching: Dict[Any, Callable[[str], None]] = {}
         # files_changed of this loop round: (node, paths, done), sent at its end
@@ -79,7 +90,7 @@ class GMountService(Service):
         return {"mounts": sorted(self.mounts)}
 
     def _name(self, nid: str) -> str:
-        return self.head.tree[nid].name
+        return self.head.name_of(nid)
 
     # -- mount ---------------------------------------------------------------------
     def request_mount(self, cid: str, req: int, args: Dict[str, Any]) -> None:
@@ -105,11 +116,10 @@ class GMountService(Service):
         # names for one host) share its mount; the shallowest one serves it.
         nodes: List[str] = []
         hosts: Set[str] = set()
-        for nid in sorted(self.head.tree, key=lambda i: (i.count("."), i)):
-            n = self.head.tree[nid]
-            if n.state == "up" and not n.role and n.hostname not in hosts:
+        for n in sorted(self.head.nodes(), key=lambda n: (n.id.count("."), n.id)):
+            if n.up and not n.role and n.hostname not in hosts:
                 hosts.add(n.hostname)
-                nodes.append(nid)
+                nodes.append(n.id)
         try:
             self.head.push_modules(MODULES, nodes)
         except ImportError as e:
@@ -124,7 +134,7 @@ class GMountService(Service):
         for nid in nodes:
             def up(ok: bool, reason: str, info: Dict[str, Any], child: str, nid: str = nid) -> None:
                 self._service_up(m, nid, ok, reason, info, child)
-            self.head.spawn_service(
+            self.head.spawn_role(
                 nid, "gmount@" + self._name(nid), ROLE, ROLE_MODULE, dict(config, node=self._name(nid)),
                 SERVICE_TIMEOUT, up)
 
@@ -154,7 +164,7 @@ class GMountService(Service):
         for nid, sid in m.services.items():
             def mounted(ok: bool, error: str, result: Dict[str, Any], nid: str = nid) -> None:
                 self._mounted(m, nid, ok, error)
-            self.head.call_service(sid, "mount", {"peers": [p for p in peers if p["id"] != nid]},
+            self.head.call_role(sid, "mount", {"peers": [p for p in peers if p["id"] != nid]},
                                    mounted)
 
     def _mounted(self, m: Mount, nid: str, ok: bool, error: str) -> None:
@@ -181,16 +191,16 @@ class GMountService(Service):
         keyed by the paths users see under the mountpoint."""
         def page(ok: bool, error: str, result: Dict[str, Any]) -> None:
             if not ok:
-                self.head.write_log("gmount: scan of %s: %s" % (self._name(nid), error))
+                self.head.log("gmount: scan of %s: %s" % (self._name(nid), error))
                 return
             got = file_records.parse(file_records.ScannedFile, result.get("files"))
             files.extend(got)
             if result.get("more") and got and self.mounts.get(m.mountpoint) is m:
                 self._scan(m, nid, sid, offset + len(got), files)
             elif self.mounts.get(m.mountpoint) is m:
-                self.head.catalog.replace_tree(nid, m.mountpoint, files)
+                self.catalog.replace_tree(nid, m.mountpoint, files)
                 self._watch(m, nid, sid)
-        self.head.call_service(sid, "scan", {"offset": offset}, page)
+        self.head.call_role(sid, "scan", {"offset": offset}, page)
 
     def _watch(self, m: Mount, nid: str, sid: str) -> None:
         """Keep one `changes` call waiting on node `nid`'s mount: it answers
@@ -205,14 +215,14 @@ class GMountService(Service):
             # every complete copy of each changed file, as the mount's
             # location xattr names them (Xattrs.copies): the catalog takes
             # that list whole, so the two agree
-            by_name = {self._name(n): n for n in m.services if n in self.head.tree}
+            by_name = {self._name(n): n for n in m.services if self.head.node(n) is not None}
             copies: Dict[str, Dict[str, Tuple[int, float]]] = {}
             for c in file_records.parse(file_records.FileCopy, result.get("copies")):
                 where = copies.setdefault(c.rel, {})
                 if c.node in by_name:
                     where[by_name[c.node]] = (c.size, c.mtime)
             for rel, where in copies.items():
-                self.head.catalog.set_replicas(os.path.join(m.mountpoint, rel), where)
+                self.catalog.set_replicas(os.path.join(m.mountpoint, rel), where)
             gone = [str(rel) for rel in result.get("gone") or []]
             if gone:
                 # no file under those names in any branch of the merged view
@@ -223,27 +233,26 @@ class GMountService(Service):
                 # no stale file on any mount)
                 def forget() -> None:
                     for rel in gone:
-                        self.head.catalog.remove(os.path.join(m.mountpoint, rel))
+                        self.catalog.remove(os.path.join(m.mountpoint, rel))
                 self._invalidate(m, sid, gone, forget)
             self._watch(m, nid, sid)
-        self.head.call_service(sid, "changes", {}, answered)
+        self.head.call_role(sid, "changes", {}, answered)
 
     def _invalidate(self, m: Mount, skip: str, rels: List[str], done: Callable[[], None]) -> None:
         """Every live mount of `m` but service `skip` drops its kernel caches
         of `rels`; done() once all have answered (or are lost)."""
-        pending = {sid for sid in m.services.values() if sid != skip
-                   and self.head.tree.get(sid) is not None and self.head.tree[sid].state == "up"}
+        pending = {sid for sid in m.services.values() if sid != skip and self.head.is_up(sid)}
         if not pending:
             done()
             return
         for sid in list(pending):
             def acted(ok: bool, error: str, result: Dict[str, Any], sid: str = sid) -> None:
                 if not ok:
-                    self.head.write_log("gmount: %s: dropping caches: %s" % (sid, error))
+                    self.head.log("gmount: %s: dropping caches: %s" % (sid, error))
                 pending.discard(sid)
                 if not pending:
                     done()
-            self.head.call_service(sid, "changed", {"paths": rels}, acted)
+            self.head.call_role(sid, "changed", {"paths": rels}, acted)
 
     def _mount_of(self, path: str) -> Optional[Mount]:
         for mp, m in self.mounts.items():
@@ -252,7 +261,7 @@ class GMountService(Service):
         return None
 
     def watched_paths(self) -> List[str]:
-        """Files under a mountpoint are what a mount caches (Head.watched)."""
+        """Files under a mountpoint are what a mount caches (ReplicaAPI.watched)."""
         return list(self.mounts)
 
     def files_changed(self, node: str, paths: List[str], done: Callable[[], None]) -> None:
@@ -264,7 +273,7 @@ class GMountService(Service):
         The recipes that end in one loop round share one `changed` call per
         mount service (two where some of them ran on its host)."""
         if not self._changes:
-            self.head.loop.at_end(self._send_changes)
+            self.head.at_end(self._send_changes)
         self._changes.append((node, paths, done))
 
     def _send_changes(self) -> None:
@@ -273,7 +282,8 @@ class GMountService(Service):
         calls: Dict[Any, List[Dict[str, None]]] = {}
         waiting: List[Callable[[], None]] = []
         for node, paths, done in batch:
-            host = self.head.tree[node].hostname if node in self.head.tree else None
+            writer = self.head.node(node)
+            host = writer.hostname if writer is not None else None
             touched = False
             for p in paths:
                 p = os.path.normpath(p)
@@ -282,12 +292,12 @@ class GMountService(Service):
                     continue
                 rel = os.path.relpath(p, m.mountpoint)
                 for nid, sid in m.services.items():
-                    svc = self.head.tree.get(sid)
-                    if svc is None or svc.state != "up":
+                    there = self.head.node(nid)
+                    if not self.head.is_up(sid) or there is None:
                         continue
                     touched = True
                     lists = calls.setdefault((m.mountpoint, nid, sid), [{}, {}])
-                    lists[0 if self.head.tree[nid].hostname == host else 1][rel] = None
+                    lists[0 if there.hostname == host else 1][rel] = None
             if touched:
                 waiting.append(done)
             else:
@@ -313,33 +323,33 @@ class GMountService(Service):
                 if ok and holder:
                     self._record(m, nid, rels, result.get("files") or [])
                 elif not ok:
-                    self.head.write_log("gmount: %s: changed files: %s" % (self._name(nid), error))
+                    self.head.log("gmount: %s: changed files: %s" % (self._name(nid), error))
                 acted((sid, holder))
-            self.head.call_service(sid, "changed", {"paths": rels, "describe": holder}, answered)
+            self.head.call_role(sid, "changed", {"paths": rels, "describe": holder}, answered)
 
     def _record(self, m: Mount, nid: str, rels: List[str], files: List[Any]) -> None:
         seen = set()
         for f in file_records.parse(file_records.DescribedFile, files):
             seen.add(f.rel)
-            self.head.catalog.add(os.path.join(m.mountpoint, f.rel), nid, f.size, f.mtime, f.sha256)
+            self.catalog.add(os.path.join(m.mountpoint, f.rel), nid, f.size, f.mtime, f.sha256)
         for rel in rels:
             # not a file here (removed, or a directory), unless a copy was
             # put in its replica store (an unlink through a mount removes
             # the name everywhere: _watch)
             if rel not in seen and (nid, rel) not in m.adopted:
-                self.head.catalog.remove(os.path.join(m.mountpoint, rel), nid)
+                self.catalog.remove(os.path.join(m.mountpoint, rel), nid)
 
     # -- planned transfers (make_backend/transfer_plan.py) ------------------------
     def _service_on(self, node: str, path: str) -> Optional[tuple]:
         """(mount, node id, service id) of the mount holding `path` served on
         `node`'s host (one service per host), or None."""
         m = self._mount_of(os.path.normpath(path))
-        info = self.head.tree.get(node)
+        info = self.head.node(node)
         if m is None or info is None:
             return None
         for nid, sid in m.services.items():
-            n, svc = self.head.tree.get(nid), self.head.tree.get(sid)
-            if n is not None and n.hostname == info.hostname and svc is not None and svc.state == "up":
+            n = self.head.node(nid)
+            if n is not None and n.hostname == info.hostname and self.head.is_up(sid):
                 return m, nid, sid
         return None
 
@@ -361,7 +371,7 @@ class GMountService(Service):
             if ok and result.get("kept") == "store":
                 m.adopted.add((nid, rel))
             done(ok, error, nid)
-        self.head.call_service(sid, "adopt", {"file": file, "path": rel}, answered)
+        self.head.call_role(sid, "adopt", {"file": file, "path": rel}, answered)
         return True
 
     def pin_replicas(self, node: str, paths: List[str], pin: bool,
@@ -380,7 +390,7 @@ class GMountService(Service):
                 by_sid.setdefault(found[2], []).append(rel)
         answered = after(len(by_sid), done)
         for sid, rels in by_sid.items():
-            self.head.call_service(sid, "pin", {"paths": rels, "pin": bool(pin)}, answered)
+            self.head.call_role(sid, "pin", {"paths": rels, "pin": bool(pin)}, answered)
 
     def _drop_orphans(self, m: Mount, lost: str) -> None:
         """A copy in a replica store is a copy of a file some export holds: once
@@ -391,10 +401,10 @@ class GMountService(Service):
             by_rel.setdefault(rel, set()).add(nid)
         for rel, stores in by_rel.items():
             path = os.path.join(m.mountpoint, rel)
-            holders = set(self.head.catalog.holders(path))
+            holders = set(self.catalog.holders(path))
             if not (holders - stores) or all(wire.is_descendant(n, lost) for n in holders - stores):
                 for nid in stores:
-                    self.head.catalog.remove(path, nid)
+                    self.catalog.remove(path, nid)
                     m.adopted.discard((nid, rel))
             for nid in stores:
                 if wire.is_descendant(nid, lost):
@@ -430,10 +440,10 @@ class GMountService(Service):
 
         for m in targets:
             self.mounts.pop(m.mountpoint, None)
-            self.head.catalog.forget_tree(m.mountpoint)
+            self.catalog.forget_tree(m.mountpoint)
             for nid, sid in m.services.items():
-                node = self.head.tree.get(sid)
-                host = self.head.tree.get(nid)
+                node = self.head.node(sid)
+                host = self.head.node(nid)
                 name = self._name(nid)
                 if node is not None and node.state == "up":
                     pending.add(sid)
@@ -442,7 +452,7 @@ class GMountService(Service):
                              name: str = name) -> None:
                         self._stop_service(sid)
                         settle(sid, name, "" if ok or error.startswith("node lost") else error)
-                    self.head.call_service(sid, "umount", {}, done)
+                    self.head.call_role(sid, "umount", {}, done)
                 elif host is not None and host.state == "up":
                     # The service died but its node lives: its mount is dead
                     # (ENOTCONN) and still in the way. Detach it there.
@@ -453,8 +463,7 @@ class GMountService(Service):
                     def detached(error: str, key: str = key, name: str = name) -> None:
                         settle(key, name, error)
                     self._detach(nid, m.mountpoint, detached)
-                    if node is not None:
-                        node.state = "gone"
+                    self.head.retire_role(sid)
         finish()
 
     def _detach(self, nid: str, mountpoint: str, done: Callable[[str], None]) -> None:
@@ -465,9 +474,9 @@ class GMountService(Service):
         cmd = ("awk '$2 == ENVIRON[\"GXP_MP\"] {f=1} END {exit !f}' /proc/self/mounts || exit 0; "
                "fusermount3 -u -z %s 2>/dev/null || fusermount -u -z %s" % (q, q))
         env: Dict[str, Optional[str]] = {"GXP_MP": escaped}
-        job = self.head.job_table.new_id()
+        job = self.head.new_job()
         self._detaching[(wire.HEAD, job)] = done
-        self.head.job_table.start(self, wire.HEAD, job, [nid], cmd, lambda n, i: env, lambda n: "/")
+        self.head.start_job(wire.HEAD, job, [nid], cmd, lambda n, i: env, lambda n: "/")
 
     def job_done(self, client: str, job: int, node: str, status: int, error: str) -> None:
         done = self._detaching.pop((client, job), None)
@@ -475,27 +484,23 @@ class GMountService(Service):
             done("" if status == 0 else "could not detach the dead mount: %s" % error)
 
     def _stop_service(self, sid: str) -> None:
-        node = self.head.tree.get(sid)
-        if node is not None:
-            node.state = "gone"
-            self.head.send(sid, {"op": "quit"})
+        self.head.retire_role(sid)
 
     def node_lost(self, lost: str, reason: str) -> None:
         for m in self.mounts.values():
             gone = []
             for nid, sid in list(m.services.items()):
-                if wire.is_descendant(nid, lost) and sid in self.head.tree:
+                if wire.is_descendant(nid, lost) and self.head.node(sid) is not None:
                     # The host itself is gone: so is its mount.
-                    self.head.tree[sid].state = "gone"
+                    self.head.retire_role(sid)
                     gone.append(self._name(nid))
             if not gone:
                 continue
             self._drop_orphans(m, lost)
-            # The catalog dropped its replicas (Head.op_lost); the survivors'
+            # The catalog dropped its replicas (ReplicaService.node_lost); the survivors'
             # mounts drop its branch, so that its files are absent, as the
             # catalog says, rather than an EIO on every access.
             for nid, sid in m.services.items():
-                svc = self.head.tree.get(sid)
-                if svc is not None and svc.state == "up" and not wire.is_descendant(nid, lost):
-                    self.head.call_service(sid, "drop_peers", {"nodes": gone},
+                if self.head.is_up(sid) and not wire.is_descendant(nid, lost):
+                    self.head.call_role(sid, "drop_peers", {"nodes": gone},
                                            lambda ok, error, result: None)

@@ -19,7 +19,8 @@ import subprocess
 import threading
 
 # The host's addresses and the pick of a peer's: the core's (its transfers' direct links use them too).
-from gxpstyle.bcast_link import local_addresses, pick_address
+from gxpstyle.link_auth import local_addresses, pick_address
+from gxpstyle.node_side import NodeSide
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -166,14 +167,16 @@ class ChangesWaiting:
         self.armed = False
 
 
-class GMountNode:
+class GMountNode(NodeSide):
     """One node's GMount: the export server (up from the start), the merged
-    FUSE mount (once the head sends the peers), and the answers to the head."""
+    FUSE mount (once the head sends the peers), and the answers to the head's
+    calls. The role node's side (gxpstyle/node_side.py): it stops with the node."""
 
     def __init__(self, node: "Any", config: "Dict[str, Any]") -> None:
         from sshfsmux.export_server import ExportServer
         from sshfsmux.fs_protocol import data_channel_key
 
+        super().__init__()
         self.node = node
         self.cfg = MountSettings(config, node.name)
         certfile, keyfile = node.tls_files()
@@ -199,7 +202,7 @@ class GMountNode:
         return {"port": self.server.port, "addrs": self.own, "node": self.cfg.host_name,
                 "store": self.cache_dir}
 
-    def handlers(self) -> "Dict[str, Callable[[Dict[str, Any], Reply], None]]":
+    def calls(self) -> "Dict[str, Callable[..., None]]":
         return {"mount": self.mount, "umount": self.umount, "scan": self.scan,
                 "changed": self.changed, "drop_peers": self.drop_peers,
                 "changes": self.changes, "adopt": self.adopt, "pin": self.pin_replicas}
@@ -440,13 +443,14 @@ class GMountNode:
         self.in_thread(work)
 
     # -- the node's lifetime ------------------------------------------------------
-    def cleanup(self) -> None:
+    def stop(self) -> None:
         self.stopping = True
         self.go.set()
         self.settled.set()
         if is_mounted(self.cfg.mountpoint):
             unmount(self.cfg.mountpoint)
         self.server.close()
+        super().stop()
 
     def runner(self) -> None:
         """The main thread's work: FUSE serves the mount until it is unmounted."""
@@ -463,11 +467,10 @@ class GMountNode:
             self.settled.set()
 
 
-def start(node: "Any", config: "Dict[str, Any]") -> "Tuple[Dict[str, Any], Callable[[], None]]":
-    """The role's entry point: the node's service, hooked into its agent."""
+def start(node: "Any", config: "Dict[str, Any]"
+          ) -> "Tuple[Dict[str, Any], Callable[[], None], GMountNode]":
+    """The role's entry point: what the head learns, the runner that takes the
+    main thread, and the node side the agent hosts (its calls; it stops with
+    the node)."""
     gmount = GMountNode(node, config)
-    # how the agent hosts the service: its call handlers, its cleanup, what the
-    # head learns, and the runner that takes the main thread
-    node.role_handlers = gmount.handlers()
-    node.role_cleanup = gmount.cleanup
-    return gmount.info(), gmount.runner
+    return gmount.info(), gmount.runner, gmount

@@ -377,11 +377,14 @@ def test_mount_hands_its_timeout_to_every_node():
     from sshfsmux import gmount_control
 
     configs = []
+    nodes = [SimpleNamespace(id="0", up=True, role="", hostname="h0", name="head"),
+             SimpleNamespace(id="0.1", up=True, role="", hostname="h1", name="n1")]
+    replicas = SimpleNamespace(add_keeper=lambda keeper: None)
     head = SimpleNamespace(
-        tree={"0": SimpleNamespace(state="up", role="", hostname="h0", name="head"),
-              "0.1": SimpleNamespace(state="up", role="", hostname="h1", name="n1")},
+        service=lambda iface: replicas, nodes=lambda: nodes,
+        name_of=lambda nid: {n.id: n.name for n in nodes}[nid],
         push_modules=lambda modules, nodes: None,
-        spawn_service=lambda nid, name, role, module, config, timeout, up: configs.append(config))
+        spawn_role=lambda nid, name, role, module, config, timeout, up: configs.append(config))
     svc = gmount_control.GMountService(head)
     args = {"export": "/e", "mountpoint": "/m", "timeout": 7}
     gmount_control.MOUNT_ARGS.check(args, "mount")

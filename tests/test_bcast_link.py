@@ -16,6 +16,7 @@ import pytest
 
 from gxpstyle import bcast_link, link_auth, session, wire
 from gxpstyle.event_loop import EventLoop
+from gxpstyle.node_side import message
 
 CERT = session.make_certificate()
 
@@ -78,11 +79,11 @@ def test_a_feeders_chunks_reach_the_listener_and_closing_leaves_nothing(pair):
     assert up[0][0] is not None, up
     data = os.urandom(wire.CHUNK)
     for i in range(20):             # 5 MiB through TLS, in order
-        assert b.send("0.2", {"op": "bc_chunk", "bc": 1, "index": i, "data": data,
-                              "sha256": b"h" * 32})
+        assert b.send("0.2", message("bcast", "chunk", {"bc": 1, "index": i, "data": data,
+                                                         "sha256": b"h" * 32}))
     run_until(loop, lambda: len(got) == 20)
-    assert [m["index"] for _, m in got] == list(range(20))
-    assert {src for src, _ in got} == {"0.1"} and got[7][1]["data"] == data
+    assert [m["body"]["index"] for _, m in got] == list(range(20))
+    assert {src for src, _ in got} == {"0.1"} and got[7][1]["body"]["data"] == data
     assert set(a.links) == {"0.1"}
     a.close()
     run_until(loop, lambda: "0.2" not in b.links)   # the feeder sees the link go

@@ -10,16 +10,31 @@ TREE = ["0", "0.1", "0.2", "0.3", "0.1.1", "0.1.2"]
 
 
 class FakeHead:
+    """The HeadAPI calls the engine makes, recorded: a node side's messages
+    as ("bc_" + type) for the tests' take()."""
+
     def __init__(self):
         self.tree = {nid: NodeInfo(nid, "n" + nid.replace(".", "_"), None, "ssh") for nid in TREE}
         self.sent = []
         self.replies = []
         self.logs = []
 
-    def send(self, dst, msg):
-        self.sent.append((dst, msg))
+    def send_node(self, dst, mtype, body):
+        self.sent.append((dst, dict(body, op="bc_" + mtype)))
 
-    def write_log(self, text):
+    def node(self, nid):
+        return self.tree.get(nid)
+
+    def is_up(self, nid):
+        return nid in self.tree and self.tree[nid].up
+
+    def name_of(self, nid):
+        return self.tree[nid].name if nid in self.tree else nid
+
+    def call_later(self, delay, fn):
+        return 0
+
+    def log(self, text):
         self.logs.append(text)
 
     def take(self, op):

@@ -108,19 +108,17 @@ VERB_FIELDS = {
 def daemon_verbs():
     """Every request verb the daemon serves: its own and every service's,
     plugins included (found the way the daemon finds them)."""
-    from gxpstyle import services
-    from gxpstyle.bcast_service import BcastService
-    from gxpstyle.exec_service import ExecService
-    from gxpstyle.explorer import ExploreService
+    from unittest import mock
 
-    class Logless:
-        def write_log(self, text):
-            raise AssertionError("a service plugin did not load: %s" % text)
+    from gxpstyle import services
+    from gxpstyle.daemon import CORE_SERVICES
+
+    def logless(text):
+        raise AssertionError("a service plugin did not load: %s" % text)
 
     found = {"ping", "stat", "quit"}
-    for svc in [ExploreService(None), ExecService(None), BcastService(None)] + \
-            services.load_plugins(Logless()):
-        found.update(svc.verbs())
+    for _, cls in CORE_SERVICES + services.load_plugins(logless):
+        found.update(cls(mock.MagicMock()).verbs())
     return found
 
 
@@ -203,9 +201,9 @@ def only_true(msg):
     if msg["op"] == "spawn" and isinstance(msg.get("channel"), dict):
         msg["channel"] = {"name": "nosuch-channel"}
     # Nor a broadcast's file: it would be written where the fuzz says, this big.
-    if msg["op"] == "bc_plan":
-        msg["dest"] = ""
-        msg["size"] = 1 << 16
+    if msg["op"] == "svc_msg" and msg.get("svc") == "bcast" and isinstance(msg.get("body"), dict):
+        msg["body"]["dest"] = ""
+        msg["body"]["size"] = 1 << 16
 
 
 def counter():

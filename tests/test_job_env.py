@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from gxpstyle import services, wire
+from gxpstyle.job_table import JobTable
 from gxpstyle.event_loop import EventLoop
 from gxpstyle.job_runner import ENV_BASES, JobRunner
 
@@ -41,7 +42,7 @@ def _run(runner: JobRunner, loop: EventLoop, out: list, src: str, msg: dict) -> 
 
 def test_a_make_environment_goes_to_each_node_once_and_recipes_send_what_differs():
     head = _Head()
-    table = services.JobTable(head)  # type: ignore[arg-type]
+    table = JobTable(head)  # type: ignore[arg-type]
     owner = services.Service(head)   # type: ignore[arg-type]
     base = {"A": "base-a", "B": "base-b", "HOME": None}
 
@@ -79,3 +80,24 @@ def test_a_make_environment_goes_to_each_node_once_and_recipes_send_what_differs
     finally:
         runner.close()
         loop.close()
+
+
+def test_a_service_kills_its_job_where_it_still_runs_and_held_input_is_dropped():
+    head = _Head()
+    head.dests = []
+    route = head.route_frame
+
+    def route_frame(nid, frame, link):
+        head.dests.append(nid)
+        route(nid, frame, link)
+    head.route_frame = route_frame
+    table = JobTable(head)  # type: ignore[arg-type]
+    owner = services.Service(head)   # type: ignore[arg-type]
+    table.start(owner, "c1", 1, ["0.1", "0.2"], "sleep 9", lambda n, i: {}, lambda n: None)
+    table.done("0.1", "c1", 1, 0, "")
+    table.kill("c1", 1, 15)
+    assert head.dests[-1] == "0.2" and head.sent[-1][1] == {"op": "kill", "job": 1, "sig": 15}
+    table.announce("c1", 2)                     # heard of, not started: nothing to signal
+    assert table.hold("c1", 2, "0.1", b"frame")
+    table.kill("c1", 2, 15)
+    assert not table.hold("c1", 2, "0.1", b"frame") and head.dests[-1] == "0.2"

@@ -35,3 +35,62 @@ def test_packages_import_only_downward():
                 if top in ours and top not in may:
                     wrong.append("%s/%s imports %s" % (pkg, name, mod))
     assert wrong == []
+
+
+# The core's public interface for services: what a service package (sshfsmux,
+# make_backend, a plugin such as tests/example_service) may import of
+# gxpstyle. The head's private side (daemon, service_host, job_table), the
+# agent's, and the core services' own modules are not in it: a service reaches
+# those only through HeadAPI and the interfaces they declare.
+PUBLIC = {"gxpstyle.services", "gxpstyle.head_api", "gxpstyle.interfaces", "gxpstyle.node_side",
+          "gxpstyle.schema", "gxpstyle.wire", "gxpstyle.limits", "gxpstyle.hostpattern",
+          "gxpstyle.link_auth", "gxpstyle.client", "gxpstyle.verbs"}
+HEAD_PRIVATE = {"gxpstyle.daemon", "gxpstyle.service_host", "gxpstyle.job_table", "gxpstyle.agent"}
+# Each core service's own modules.
+CORE_SERVICES = {
+    "explore": {"gxpstyle.explorer", "gxpstyle.spanning_tree", "gxpstyle.use_rules"},
+    "exec": {"gxpstyle.exec_service"},
+    "bcast": {"gxpstyle.bcast_service", "gxpstyle.bcast_agent", "gxpstyle.bcast_link"},
+    "replicas": {"gxpstyle.replica_service", "gxpstyle.replica_catalog"},
+}
+# The explorer builds the tree: its HeadAPI is the head's TreeHost.
+ALLOWED = {("gxpstyle.explorer", "gxpstyle.service_host")}
+
+
+def _modules(repo, folder, dotted):
+    for d, _, files in os.walk(os.path.join(repo, folder)):
+        for name in sorted(files):
+            if name.endswith(".py") and "__pycache__" not in d:
+                rel = os.path.relpath(os.path.join(d, name), os.path.join(repo, folder))
+                yield dotted + "." + rel[:-3].replace(os.sep, ".").replace(".__init__", ""), \
+                    os.path.join(d, name)
+
+
+def test_services_use_only_the_public_interface_of_the_core():
+    """sshfsmux, make_backend and the example service import of gxpstyle only
+    the public service interface: never the head's internals, the agent, or
+    a core service's own modules."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    wrong = []
+    for folder, dotted in (("sshfsmux", "sshfsmux"), ("make_backend", "make_backend"),
+                           ("tests/example_service", "example")):
+        for mod, path in _modules(repo, folder, dotted):
+            for imp in _imports(path):
+                if imp.split(".")[0] == "gxpstyle" and imp != "gxpstyle" and imp not in PUBLIC:
+                    wrong.append("%s imports %s" % (mod, imp))
+    assert wrong == []
+
+
+def test_core_services_import_neither_each_other_nor_the_heads_internals():
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    owner = {m: svc for svc, mods in CORE_SERVICES.items() for m in mods}
+    wrong = []
+    for mod, path in _modules(repo, "gxpstyle", "gxpstyle"):
+        if mod not in owner:
+            continue
+        for imp in _imports(path):
+            other = owner.get(imp)
+            if (imp in HEAD_PRIVATE or (other is not None and other != owner[mod])) \
+                    and (mod, imp) not in ALLOWED:
+                wrong.append("%s imports %s" % (mod, imp))
+    assert wrong == []

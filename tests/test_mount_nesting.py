@@ -37,8 +37,6 @@ class FakeNode:
         self.name = "head"
         self.opts = {"pin": "0" * 64}
         self.secret = b"s" * 32
-        self.role_handlers = {}
-        self.role_cleanup = None
         self.dir = d
 
     def log(self, text):

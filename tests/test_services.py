@@ -48,10 +48,10 @@ def test_request_schemas_are_closed_and_ranged():
         EXPLORE_ARGS.check({"fanout": 0}, "explore")
 
 
-def test_only_paths_under_what_a_service_watches_need_acting_on():
-    from gxpstyle import services
+def test_only_paths_under_what_a_keeper_watches_need_acting_on():
+    from gxpstyle.replica_service import under_watched
 
-    class Mounts(services.Service):
+    class Mounts:
         def __init__(self, roots):
             self.roots = roots
 
@@ -60,9 +60,9 @@ def test_only_paths_under_what_a_service_watches_need_acting_on():
 
     none, mnt = Mounts([]), Mounts(["/tmp/mnt", "/data/"])
     paths = ["/tmp/mnt/a", "/tmp/mnt", "/tmp/mnt2/b", "/data/x/y", "/dev/null"]
-    assert services.under_watched([none], paths) == []
-    assert services.under_watched([none, mnt], paths) == ["/tmp/mnt/a", "/data/x/y"]
-    assert services.under_watched([Mounts(["/"])], ["/a", "/b/c"]) == ["/a", "/b/c"]
+    assert under_watched([none], paths) == []
+    assert under_watched([none, mnt], paths) == ["/tmp/mnt/a", "/data/x/y"]
+    assert under_watched([Mounts(["/"])], ["/a", "/b/c"]) == ["/a", "/b/c"]
 
 
 def test_explore_payload_keeps_its_budget_after_a_push():
@@ -85,6 +85,72 @@ def test_pushed_modules_never_replace_the_core():
     assert bootstrap.pushable("sshfsmux.gmount_node")
     for name in ("gxpstyle.agent", "gxpstyle", "", "a..b", "os.path;x"):
         assert not bootstrap.pushable(name), name
+    # bcast's node side is pushed when a node first takes part in a transfer;
+    # no module of the agent payload may be pushed over
+    assert all(bootstrap.pushable(m) for m in bootstrap.SIDE_MODULES)
+    assert not [m for m in bootstrap.AGENT_MODULES if bootstrap.pushable(m)]
+
+
+# -- node sides, in process -----------------------------------------------------------
+class _Node:
+    """What NodeHost takes from a node."""
+
+    def __init__(self):
+        self.id, self.name, self.secret, self.opts = "0.1", "n1", b"s", {}
+        self.loop = type("Loop", (), {"call_soon_threadsafe": None, "call_later": None})()
+        self.sent, self.logs = [], []
+
+    def send(self, dst, msg):
+        self.sent.append((dst, msg))
+
+    def log(self, text, level="info"):
+        self.logs.append(text)
+
+    def tls_files(self):
+        return ("c", "k")
+
+    def ensure_session_dir(self):
+        return "/nonexistent"
+
+
+def test_a_node_side_gets_checked_bodies_of_its_own_types_and_peers_only_where_declared():
+    from gxpstyle.node_side import Message, NodeHost, NodeSide, checked, message
+    from gxpstyle.schema import Int, Rec
+
+    got = []
+
+    class Side(NodeSide):
+        def messages(self):
+            return {"set": Message(Rec({"n": Int(0, 9)}), lambda src, b: got.append(("set", src, b))),
+                    "hop": Message(Rec({"n": Int(0, 9)}), lambda src, b: got.append(("hop", src, b)),
+                                   peers=True)}
+
+    node, side = _Node(), Side()
+    side.start(NodeHost(node, "demo"))
+    side.deliver(wire.HEAD, message("demo", "set", {"n": 3}))
+    side.deliver("0.2", message("demo", "set", {"n": 4}))      # only the head may send `set`
+    side.deliver("0.2", message("demo", "hop", {"n": 5}))      # a peer may send `hop`
+    side.deliver(wire.HEAD, message("demo", "set", {"n": 10}))
+    side.deliver(wire.HEAD, message("demo", "nosuch", {}))
+    assert got == [("set", "0", {"n": 3}), ("hop", "0.2", {"n": 5})]
+    assert node.logs == ["refused a message from 0: demo.set: n must be from 0 to 9, got 10",
+                         "refused a message from 0: demo: no message type 'nosuch'"]
+    side.host.send(wire.HEAD, "back", {"n": 1})
+    assert node.sent == [("0", {"op": "svc_msg", "svc": "demo", "type": "back", "body": {"n": 1}})]
+    with pytest.raises(ValueError, match="demo.set: unknown field 'x'"):
+        checked("demo", side.messages(), message("demo", "set", {"n": 1, "x": 2}))
+
+
+def test_a_node_sides_threads_are_joined_at_stop():
+    import threading
+
+    from gxpstyle.node_side import NodeSide
+    side, go = NodeSide(), threading.Event()
+    side.spawn(go.wait)
+    assert side.threads[0].is_alive()
+    go.set()
+    side.stop()
+    assert not side.threads[0].is_alive()
 
 
 # -- a session ---------------------------------------------------------------------

@@ -24,7 +24,6 @@ class FakeHead:
         self.tree = {"0.%d" % i: NodeInfo("0.%d" % i, "h%d" % i, "0", "ssh", "host%d" % i)
                      for i in range(1, n + 1)}
         self.timers: list = []
-        self.loop = SimpleNamespace(call_later=lambda dt, fn: self.timers.append(fn))
         self.started: list = []      # (sources, path, targets, on_done, dests)
         self.bcast = SimpleNamespace(start=self._start, join=self._join)
         self.adopted: list = []
@@ -44,22 +43,46 @@ class FakeHead:
         self.started[t.index][4][node] = dest
         return True
 
+    # HeadAPI
+    def node(self, nid):
+        return self.tree.get(nid)
+
+    def is_up(self, nid):
+        return nid in self.tree and self.tree[nid].up
+
+    def name_of(self, nid):
+        return self.tree[nid].name if nid in self.tree else nid
+
+    def call_later(self, delay, fn):
+        self.timers.append(fn)
+        return len(self.timers)
+
+    def log(self, text):
+        self.logs.append(text)
+
+    # ReplicaAPI
+    def replicas(self, path):
+        return self.catalog.replicas(path)
+
+    def holders(self, path):
+        return self.catalog.holders(path)
+
+    def add(self, path, node, size, mtime, digest=None):
+        return self.catalog.add(path, node, size, mtime, digest)
+
     def replica_dir(self, node, path):
         return "/store/" + node if path.startswith("/mnt/") else None
 
-    def adopt_replica(self, node, path, file, source, done):
+    def adopt(self, node, path, file, source, done):
         self.adopted.append((node, path, file))
         done(True, "", node)
 
-    def pin_replicas(self, node, paths, pin, done):
+    def pin(self, node, paths, pin, done):
         self.pins.append((node, tuple(paths), pin))
         if self.hold_pins and pin:
             self.held.append(done)
             return
         done()
-
-    def write_log(self, text):
-        self.logs.append(text)
 
     def fire(self) -> None:
         timers, self.timers = self.timers, []
@@ -76,7 +99,7 @@ class FakeHead:
 
 
 def _planner(head, client="c", **opts):
-    p = TransferPlanner(head, random.Random(7))
+    p = TransferPlanner(head, head, head.bcast, random.Random(7))
     p.configure(client, opts)
     return p
 
