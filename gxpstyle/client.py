@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from typing import Any, Dict, Iterator, Optional, Tuple
 
 START_TIMEOUT = 30.0
+# The daemon's first line: drop the working directory from sys.path (`-c`
+# puts it first), then run the module named by the next argument as __main__.
+DAEMON_START = ("import sys, runpy; del sys.path[0]; "
+                "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
 # Output credit goes back to the job every ACK_EVERY bytes handed to the program
 # (job_runner.OUT_WINDOW is the most a job may have unacknowledged: keep this well under).
 ACK_EVERY = 256 << 10
@@ -81,11 +85,16 @@ class Client:
         return True
 
     def _start_daemon(self) -> None:
+        # Not `python -m`: that puts the user's working directory first on the
+        # daemon's sys.path, so a `gxpstyle` folder where gxpc runs would be
+        # the daemon's code. -I would also drop PYTHONPATH and a user-site
+        # install; this drops only the working directory. The module name is
+        # an argument, so `ps` shows "gxpstyle.daemon --session DIR".
         import subprocess
         r, w = os.pipe()
         log = os.path.join(self.session_dir, session.LOG_NAME)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gxpstyle.daemon", "--session", self.session_dir,
+            [sys.executable, "-c", DAEMON_START, "gxpstyle.daemon", "--session", self.session_dir,
              "--ready-fd", str(w)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             pass_fds=(w,), start_new_session=True, close_fds=True)

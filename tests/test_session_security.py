@@ -96,3 +96,26 @@ def test_secrets_never_in_ps_logs_or_stat(gxp, user_bed):
                 assert mode & 0o077 == 0, "%s is mode %o" % (name, mode)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_gxpstyle_folder_in_the_working_directory_is_not_the_daemons_code(gxp):
+    """gxpc started in a directory holding a `gxpstyle` package (a checkout, or
+    anything a user unpacked) still runs the installed daemon: `python -m`
+    would have put that directory first on the daemon's sys.path."""
+    work = "/tmp/gxpcwd-%s" % gxp.new_tag()
+    fake = os.path.join(work, "gxpstyle")
+    marker = os.path.join(work, "ran")
+    os.makedirs(fake)
+    for name in ("__init__.py", "daemon.py"):
+        with open(os.path.join(fake, name), "w") as f:
+            f.write("open(%r, 'w').close()\n" % marker)
+    try:
+        if gxp.user:
+            shutil.chown(work, gxp.user)
+        os.chmod(work, 0o755)
+        gxp.ok("explore", "--local", "1", cwd=work)
+        r = gxp.ok("e", "echo", "hello", cwd=work)
+        assert r.stdout.split() == ["hello", "hello"]
+        assert not os.path.exists(marker)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
