@@ -3,7 +3,17 @@ sshfsmux nor make_backend; the two services import the core and never each
 other (docs/how-it-works.md says why)."""
 import os
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _is_module(dotted):
+    base = os.path.join(REPO, *dotted.split("."))
+    return os.path.isfile(base + ".py") or os.path.isdir(base)
+
+
 def _imports(path):
+    """The modules a file imports; `from P import m` counts as P.m when m is a
+    module of ours (else `from gxpstyle import daemon` would read as gxpstyle)."""
     import ast
     tree = ast.parse(open(path).read(), path)
     found = set()
@@ -12,6 +22,8 @@ def _imports(path):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
+            found.update(node.module + "." + a.name for a in node.names
+                         if _is_module(node.module + "." + a.name))
         elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module"
               and node.args and isinstance(node.args[0], ast.Constant)):
             found.add(str(node.args[0].value))
@@ -42,11 +54,13 @@ def test_packages_import_only_downward():
 # gxpstyle. The head's private side (daemon, service_host, job_table), the
 # agent's, and the core services' own modules are not in it: a service reaches
 # those only through HeadAPI and the interfaces they declare.
-# The event loop is the one I/O model: node sides get it (NodeHost.loop) and a
+# safe_paths checks the files a user names (joblogs, traces, images). The event
+# loop is the one I/O model: node sides get it (NodeHost.loop) and a
 # service's client side (make's relay) runs on it.
 PUBLIC = {"gxpstyle.services", "gxpstyle.head_api", "gxpstyle.interfaces", "gxpstyle.node_side",
           "gxpstyle.schema", "gxpstyle.wire", "gxpstyle.limits", "gxpstyle.hostpattern",
-          "gxpstyle.link_auth", "gxpstyle.client", "gxpstyle.verbs", "gxpstyle.event_loop"}
+          "gxpstyle.link_auth", "gxpstyle.client", "gxpstyle.verbs", "gxpstyle.event_loop",
+          "gxpstyle.safe_paths"}
 HEAD_PRIVATE = {"gxpstyle.daemon", "gxpstyle.service_host", "gxpstyle.job_table", "gxpstyle.agent"}
 # Each core service's own modules.
 CORE_SERVICES = {
