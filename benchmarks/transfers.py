@@ -92,7 +92,7 @@ def kind_of(cmdline: str) -> str:
         return "sshd"
     if exe == "ssh":
         return "ssh"
-    if "gxpstyle.daemon" in cmdline:
+    if "gxpstyle.head.daemon" in cmdline:
         return "head"
     if exe.startswith("python"):
         return "agents"

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import leaks  # noqa: E402
 import testbed  # noqa: E402
 
-from gxpstyle import session as gxsession  # noqa: E402
+from gxpstyle.head import session as gxsession  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IS_ROOT = os.getuid() == 0
@@ -138,7 +138,7 @@ class Gxp:
         return [int(p) for p in r.stdout.split()]
 
     def daemon_pids(self) -> list:
-        r = subprocess.run(["pgrep", "-f", "gxpstyle.daemon --session %s" % self.session_dir],
+        r = subprocess.run(["pgrep", "-f", "gxpstyle.head.daemon --session %s" % self.session_dir],
                            capture_output=True, text=True)
         return [int(p) for p in r.stdout.split()]
 

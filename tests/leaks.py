@@ -20,7 +20,7 @@ TEMP_DIRS = ("/tmp", "/var/tmp")
 # pytest's own base temp dir is kept between runs on purpose (the last three).
 KEPT = ("pytest-of-",)
 USER_MARK = "gxptb"
-PROCESS_MARKS = ("gxp-agent", "gxpstyle.daemon", "/var/tmp/gxptb-", "/var/tmp/gxpslurm-")
+PROCESS_MARKS = ("gxp-agent", "gxpstyle.head.daemon", "/var/tmp/gxptb-", "/var/tmp/gxpslurm-")
 
 
 def _temp_entries() -> set:

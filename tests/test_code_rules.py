@@ -25,30 +25,30 @@ MAX_FUNCTION_LINES = 80
 # is the innermost function (Class.method), or the constant holding the
 # source of a program shipped elsewhere (a Python or C string).
 TIMED_WAITS_ALLOWED: Dict[str, str] = {
-    "gxpstyle/job_runner.py:WATCHDOG_SOURCE":
+    "gxpstyle/node/job_runner.py:WATCHDOG_SOURCE":
         "the watchdog runs after its agent died, SIGTERMs process groups it is not the "
         "parent of and checks them until KILL_GRACE runs out: no event says a group is "
         "empty, and nobody waits on it",
-    "gxpstyle/link_auth.py:Listener._accept_loop":
+    "gxpstyle/transport/link_auth.py:Listener._accept_loop":
         "accept failing for lack of descriptors or memory: no event says one is free "
         "again; a short pause instead of a spinning thread (other errors retry at once)",
-    "gxpstyle/event_loop.py:EventLoop.watch_child":
+    "gxpstyle/transport/event_loop.py:EventLoop.watch_child":
         "the last resort for child exits when there is no pidfd and the loop is not on "
         "the main thread (so no SIGCHLD wake-up): nothing else reports the exit",
-    "gxpstyle/event_loop.py:EventLoop._poll_children":
+    "gxpstyle/transport/event_loop.py:EventLoop._poll_children":
         "the same last resort, re-armed while such a child is watched",
-    "gxpstyle/bcast_service.py:BcastService._watch_later":
+    "gxpstyle/bcast/service.py:BcastService._watch_later":
         "the stall watchdog of a transfer: the absence of progress has no event; it "
         "runs only while a transfer does and never delays one",
-    "gxpstyle/child_bootstrap.py:ChildStart.kill":
+    "gxpstyle/launch/child_bootstrap.py:ChildStart.kill":
         "reaping a channel just sent SIGKILL: the bound only guards a process stuck in "
         "the kernel",
-    "gxpstyle/child_bootstrap.py:ChildStart.reap":
+    "gxpstyle/launch/child_bootstrap.py:ChildStart.reap":
         "at quit, the grace after SIGKILL for a channel that had its chance to exit",
-    "gxpstyle/paramiko_channel.py:_pump":
+    "gxpstyle/launch/paramiko_channel.py:_pump":
         "paramiko's fileno() is a pipe it sets and clears for stdout and stderr from two "
         "threads without one lock (its OR-pipe can lose a wake-up): a recheck each second",
-    "make_backend/hook_c.py:CLIENT":
+    "make_backend/hook/c_source.py:CLIENT":
         "sendmsg refused with ETOOMANYREFS (the user's descriptors in flight): nothing "
         "reports the relay taking them; a doubling pause up to 20 ms",
 }

@@ -21,9 +21,11 @@ def _imports(path):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(node.module + "." + a.name for a in node.names
-                         if _is_module(node.module + "." + a.name))
+            mods = [node.module + "." + a.name for a in node.names
+                    if _is_module(node.module + "." + a.name)]
+            found.update(mods)
+            if len(mods) < len(node.names):     # names defined in node.module itself
+                found.add(node.module)
         elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module"
               and node.args and isinstance(node.args[0], ast.Constant)):
             found.add(str(node.args[0].value))
@@ -39,13 +41,14 @@ def test_packages_import_only_downward():
     ours = set(allowed)
     wrong = []
     for pkg, may in allowed.items():
-        for name in sorted(os.listdir(os.path.join(repo, pkg))):
-            if not name.endswith(".py"):
-                continue
-            for mod in _imports(os.path.join(repo, pkg, name)):
-                top = mod.split(".")[0]
-                if top in ours and top not in may:
-                    wrong.append("%s/%s imports %s" % (pkg, name, mod))
+        for folder, _, files in sorted(os.walk(os.path.join(repo, pkg))):
+            for name in sorted(f for f in files if f.endswith(".py")):
+                path = os.path.join(folder, name)
+                name = os.path.relpath(path, os.path.join(repo, pkg))
+                for mod in _imports(path):
+                    top = mod.split(".")[0]
+                    if top in ours and top not in may:
+                        wrong.append("%s/%s imports %s" % (pkg, name, mod))
     assert wrong == []
 
 
@@ -57,20 +60,24 @@ def test_packages_import_only_downward():
 # safe_paths checks the files a user names (joblogs, traces, images). The event
 # loop is the one I/O model: node sides get it (NodeHost.loop) and a
 # service's client side (make's relay) runs on it.
-PUBLIC = {"gxpstyle.services", "gxpstyle.head_api", "gxpstyle.interfaces", "gxpstyle.node_side",
-          "gxpstyle.schema", "gxpstyle.wire", "gxpstyle.limits", "gxpstyle.hostpattern",
-          "gxpstyle.link_auth", "gxpstyle.client", "gxpstyle.verbs", "gxpstyle.event_loop",
-          "gxpstyle.safe_paths"}
-HEAD_PRIVATE = {"gxpstyle.daemon", "gxpstyle.service_host", "gxpstyle.job_table", "gxpstyle.agent"}
+PUBLIC = {"gxpstyle.api.services", "gxpstyle.api.head_api", "gxpstyle.api.interfaces",
+          "gxpstyle.api.node_side",
+          "gxpstyle.protocol.schema", "gxpstyle.protocol.wire", "gxpstyle.config.limits",
+          "gxpstyle.config.hostpattern",
+          "gxpstyle.transport.link_auth", "gxpstyle.gxpc.client", "gxpstyle.gxpc.verbs",
+          "gxpstyle.transport.event_loop",
+          "gxpstyle.config.safe_paths"}
+HEAD_PRIVATE = {"gxpstyle.head.daemon", "gxpstyle.head.service_host", "gxpstyle.head.job_table",
+                "gxpstyle.node.agent"}
 # Each core service's own modules.
 CORE_SERVICES = {
-    "explore": {"gxpstyle.explorer", "gxpstyle.spanning_tree", "gxpstyle.use_rules"},
-    "exec": {"gxpstyle.exec_service"},
-    "bcast": {"gxpstyle.bcast_service", "gxpstyle.bcast_agent", "gxpstyle.bcast_link"},
-    "replicas": {"gxpstyle.replica_service", "gxpstyle.replica_catalog"},
+    "explore": {"gxpstyle.head.explorer", "gxpstyle.head.spanning_tree", "gxpstyle.config.use_rules"},
+    "exec": {"gxpstyle.shell.service"},
+    "bcast": {"gxpstyle.bcast.service", "gxpstyle.bcast.node", "gxpstyle.bcast.direct_links"},
+    "replicas": {"gxpstyle.replicas.service", "gxpstyle.replicas.catalog"},
 }
 # The explorer builds the tree: its HeadAPI is the head's TreeHost.
-ALLOWED = {("gxpstyle.explorer", "gxpstyle.service_host")}
+ALLOWED = {("gxpstyle.head.explorer", "gxpstyle.head.service_host")}
 
 
 def _modules(repo, folder, dotted):

@@ -2,8 +2,8 @@
 
 `echo` sends a `ping` to the node side on every explored node (the head
 included) and answers the client once every one of them has sent its `pong`
-back, or was lost. Registered by an entry point in the `gxpstyle.services`
-group; it uses only the core's public service interface (services,
+back, was lost, or could not host the node side. Registered by an entry point
+in the `gxpstyle.services` group; it uses only the core's public service interface (services,
 head_api, schema).
 """
 from __future__ import annotations
@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, Set
 
-from gxpstyle import wire
-from gxpstyle.schema import Bool, Int, Rec, Str
-from gxpstyle.services import Message, Service, Verb
+from gxpstyle.protocol import wire
+from gxpstyle.protocol.schema import Bool, Int, Rec, Str
+from gxpstyle.api.services import Message, Service, Verb
 
 if TYPE_CHECKING:
-    from gxpstyle.head_api import HeadAPI
+    from gxpstyle.api.head_api import HeadAPI
 
 # The verb's arguments. `malformed` also sends every node side a ping its
 # schema refuses, `bad_reply` asks every node side for a pong ours refuses
@@ -34,6 +34,7 @@ class Echo:
     req: int
     waiting: Set[str]
     replies: Dict[str, str] = field(default_factory=dict)
+    errors: Dict[str, str] = field(default_factory=dict)
 
 
 class EchoService(Service):
@@ -81,8 +82,21 @@ class EchoService(Service):
             echo.waiting = {n for n in echo.waiting if not wire.is_descendant(n, lost)}
             self._maybe_done(seq)
 
+    def side_failed(self, nid: str, error: str) -> None:
+        """The node could not host EchoSide: no pong will come from it."""
+        for seq, echo in list(self.echoes.items()):
+            if nid in echo.waiting:
+                echo.waiting.discard(nid)
+                echo.errors[self.head.name_of(nid)] = error
+                self._maybe_done(seq)
+
     def _maybe_done(self, seq: int) -> None:
         echo = self.echoes[seq]
-        if not echo.waiting:
-            del self.echoes[seq]
+        if echo.waiting:
+            return
+        del self.echoes[seq]
+        if echo.errors:
+            self.head.reply(echo.client, echo.req, 1,
+                            {"error": "; ".join(echo.errors[n] for n in sorted(echo.errors))})
+        else:
             self.head.reply(echo.client, echo.req, 0, {"replies": echo.replies})

@@ -10,15 +10,15 @@ from __future__ import annotations
 import os
 import queue
 
-from gxpstyle import wire
-from gxpstyle.node_side import Message, NodeSide
-from gxpstyle.schema import Bool, Int, Rec, Str
+from gxpstyle.protocol import wire
+from gxpstyle.api.node_side import Message, NodeSide
+from gxpstyle.protocol.schema import Bool, Int, Rec, Str
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict
 
-    from gxpstyle.node_side import NodeHost
+    from gxpstyle.api.node_side import NodeHost
 
 PING = Rec({"seq": Int(1, 1 << 62), "text": Str(1000)}, {"bad_reply": Bool(), "marker_dir": Str(4096)})
 

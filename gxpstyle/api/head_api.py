@@ -1,0 +1,111 @@
+"""What a service may do on the head: the interface every service is given.
+
+A service (gxpstyle/api/services.py) gets a HeadAPI of its own at construction:
+its jobs go in its own books, its messages to nodes go to its own node sides,
+and what it reads of the tree are read-only views. It reaches another service
+only through an interface that service declares (gxpstyle/api/interfaces.py),
+with `service(Interface)`. Nothing here hands out the head's tree, its
+job table or another service's attributes.
+
+Head-only (never shipped to agents).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple, Type, TypeVar
+
+T = TypeVar("T")
+Env = Dict[str, Optional[str]]
+
+
+class NodeView(Protocol):
+    """A node of the explored tree, read-only: what a service may know of it."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def hostname(self) -> str: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def state(self) -> str: ...          # up, lost, quitting, quit, gone
+    @property
+    def reason(self) -> str: ...         # why it was lost
+    @property
+    def role(self) -> str: ...           # "" for an explored host, else a service's role
+    @property
+    def parent(self) -> Optional[str]: ...
+    @property
+    def up(self) -> bool: ...
+
+    def names(self) -> List[str]: ...    # its name, hostname and short hostname
+
+
+class HeadAPI(Protocol):
+    # -- clients ------------------------------------------------------------
+    def reply(self, client: str, req: int, status: int, result: Dict[str, Any]) -> None:
+        """Answer request `req` of `client` (status 0 ok, 1 failed, 2 refused)."""
+    def say(self, client: str, req: int, text: str, stream: int = 2, end: str = "\n") -> None:
+        """A line for the client to print while its request runs."""
+    def tell_client(self, client: str, src: str, msg: Dict[str, Any]) -> None:
+        """A message to a client as if from node `src` (answers for a lost node's job)."""
+
+    # -- the log and the loop -----------------------------------------------
+    def log(self, text: str) -> None: ...
+    def call_later(self, delay: float, fn: Callable[[], None]) -> int: ...
+    def cancel(self, handle: Optional[int]) -> None: ...
+    def at_end(self, fn: Callable[[], None]) -> None:
+        """fn() once the events of this loop round are handled (batching)."""
+
+    # -- nodes, read-only ---------------------------------------------------
+    def node(self, nid: str) -> Optional[NodeView]: ...
+    def nodes(self) -> List[NodeView]:
+        """Every node the tree knows, in id order (lost ones too: see .up)."""
+    def is_up(self, nid: str) -> bool: ...
+    def name_of(self, nid: str) -> str:
+        """What users call node `nid`: its name, or its id once it left the tree."""
+
+    # -- the session --------------------------------------------------------
+    def session_env(self) -> Env:
+        """The session's environment (`gxpc export`)."""
+    def session_cwd(self) -> Optional[str]:
+        """The session's directory (`gxpc cd`), or None."""
+
+    # -- jobs, in this service's books ---------------------------------------
+    def new_job(self) -> int: ...
+    def announce_job(self, client: str, job: int) -> None:
+        """The client heard of `job`, which starts later: hold what it sends it."""
+    def forget_job(self, client: str, job: int) -> None: ...
+    def start_job(self, client: str, job: int, nodes: List[str], cmd: str,
+                  env_for: Callable[[str, int], Env], cwd_for: Callable[[str], Optional[str]],
+                  stdin: bool = False,
+                  base_for: Optional[Callable[[str], Tuple[Any, Env]]] = None) -> None:
+        """Run `cmd` on `nodes`; output goes to `client` ("0": the head, and the
+        exit to this service's job_done)."""
+    def kill_job(self, client: str, job: int, sig: int) -> None: ...
+    def running_on(self, client: str, job: int) -> List[str]: ...
+
+    # -- role nodes and code for the nodes -------------------------------------
+    def push_modules(self, names: List[str], nodes: Optional[List[str]] = None) -> None:
+        """Make head modules importable on `nodes` (default: every explored node)."""
+    def spawn_role(self, parent: str, target: str, role: str, role_module: str,
+                   config: Dict[str, Any], timeout: float,
+                   done: Callable[[bool, str, Dict[str, Any], str], None]) -> str:
+        """Start a role node under `parent` running `role_module`; done(ok,
+        reason, info, child) once it is up. Returns the child's id."""
+    def call_role(self, node: str, call: str, args: Dict[str, Any],
+                  done: Callable[[bool, str, Dict[str, Any]], None]) -> None:
+        """A call to a role node; done(ok, error, result) on its reply or its loss."""
+    def retire_role(self, node: str) -> None:
+        """This service is done with role node `node`: it leaves the tree's
+        listing and, if it still runs, is told to quit."""
+
+    # -- this service's node sides --------------------------------------------
+    def send_node(self, node: str, mtype: str, body: Dict[str, Any]) -> None:
+        """A message of this service's to its node side on `node` (which the
+        node starts hosting at the first one: Service.node_side)."""
+
+    # -- other services --------------------------------------------------------
+    def service(self, iface: Type[T]) -> Optional[T]:
+        """The service that declares interface `iface`, or None if none does."""

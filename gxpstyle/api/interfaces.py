@@ -1,0 +1,158 @@
+"""Interfaces services declare for other services (HeadAPI.service(Interface)).
+
+A service that others may call subclasses one of these; a caller asks the head
+for it by the interface (`head.service(ReplicaAPI)`) and sees nothing else of
+that service. The core declares three, for its own services:
+
+- Shell (the parallel shell, shell/service.py): which nodes a pattern or a saved
+  mask selects, the session's environment and directory;
+- BcastAPI (the transfer engine, bcast/service.py): start a transfer, or join a
+  node to one under way;
+- ReplicaAPI (the replica service, replicas/service.py): the catalog of which
+  node holds which file, and the fan-out to the services that keep copies of
+  files on the nodes (ReplicaKeeper: a mount), which register themselves.
+
+Head-only.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Iterable, List, Optional, Protocol, Set, Tuple
+
+Env = Dict[str, Optional[str]]
+Replica = Tuple[int, float, Optional[str]]   # size, mtime, hash
+
+
+class Shell:
+    """What the parallel shell tells other services."""
+
+    def select_nodes(self, mask: Optional[str] = None, hosts: Optional[str] = None) -> List[str]:
+        """The explored nodes `gxpc e` would run on: saved mask `mask`, else the
+        current mask, else all; then those whose names match the pattern
+        `hosts`. ValueError naming an unknown mask."""
+        raise NotImplementedError
+
+    def saved_masks(self) -> Dict[str, Set[str]]:
+        """Saved masks by name (a copy)."""
+        raise NotImplementedError
+
+    def env(self) -> Env:
+        """The session's environment (`gxpc export`), a copy."""
+        raise NotImplementedError
+
+    def cwd(self) -> Optional[str]:
+        """The session's directory (`gxpc cd`), or None."""
+        raise NotImplementedError
+
+
+class Transfer(Protocol):
+    """A transfer of the engine as its callers see it (read-only)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def primary(self) -> str: ...        # the source the plan started from
+    @property
+    def error(self) -> str: ...          # the whole transfer failed (no source)
+    @property
+    def finished(self) -> bool: ...
+    @property
+    def dests(self) -> Dict[str, str]: ...   # target -> where its copy is
+
+    def failed(self) -> Dict[str, str]: ...  # target -> why its copy failed
+
+
+class BcastAPI:
+    """The transfer engine under `gxpc bcast`."""
+
+    def start(self, sources: List[str], path: str, targets: List[str], dest: str,
+              on_done: Callable[[Transfer], None],
+              on_progress: Optional[Callable[[Transfer], None]] = None,
+              dests: Optional[Dict[str, str]] = None) -> Transfer:
+        """Copy `path` (identical on every one of `sources`) to `dest` on every
+        target (`dests`: some targets' own); on_done(transfer) once each is
+        done or failed. `{sha256}` in a dest becomes the file's SHA-256."""
+        raise NotImplementedError
+
+    def join(self, t: Transfer, nid: str, dest: str) -> bool:
+        """Add target `nid` to `t` while it runs; False if it cannot join."""
+        raise NotImplementedError
+
+
+class ReplicaKeeper(Protocol):
+    """A service that keeps copies of files on the nodes (a mount): it registers
+    with ReplicaAPI.add_keeper and feeds the catalog itself."""
+
+    def watched_paths(self) -> List[str]:
+        """Absolute paths under which it caches what files look like."""
+    def files_changed(self, node: str, paths: List[str], done: Callable[[], None]) -> None:
+        """Node `node` wrote (or removed) `paths` ("" : nobody wrote them as
+        complete files): act, then done() exactly once."""
+    def replica_dir(self, node: str, path: str) -> Optional[str]:
+        """Where on `node`'s host a copy of `path` may be written for adopt, or None."""
+    def adopt_replica(self, node: str, path: str, file: str, source: str,
+                      done: Callable[[bool, str, str], None]) -> bool:
+        """`file` (in replica_dir) is a verified copy of `path`: make it the one
+        that host uses. False if not this keeper's; else done(ok, error,
+        holder) exactly once."""
+    def pin_replicas(self, node: str, paths: List[str], pin: bool,
+                     done: Callable[[], None]) -> None:
+        """Keep (or stop keeping) the copies of `paths` on `node`'s host from
+        eviction; done() exactly once."""
+
+
+class ReplicaAPI:
+    """The replica catalog and the keepers of copies, as a service."""
+
+    # -- the catalog's reads (replicas/catalog.py) ----------------------------------
+    def replicas(self, path: str) -> Dict[str, Replica]:
+        raise NotImplementedError
+
+    def holders(self, path: str) -> List[str]:
+        raise NotImplementedError
+
+    def bytes_by_node(self, paths: Iterable[str]) -> Tuple[Dict[str, int], int]:
+        raise NotImplementedError
+
+    # -- the catalog's writes (keepers, transfers) ----------------------------------
+    def add(self, path: str, node: str, size: int, mtime: float,
+            digest: Optional[str] = None) -> bool:
+        raise NotImplementedError
+
+    def set_replicas(self, path: str, copies: Dict[str, Tuple[int, float]]) -> bool:
+        raise NotImplementedError
+
+    def remove(self, path: str, node: Optional[str] = None) -> None:
+        raise NotImplementedError
+
+    def replace_tree(self, node: str, root: str, files: Iterable[Tuple[str, int, float]]) -> int:
+        raise NotImplementedError
+
+    def forget_tree(self, root: str) -> None:
+        raise NotImplementedError
+
+    def count_moved(self, nbytes: int) -> None:
+        """Placement expected a node to fetch `nbytes` (the `bytes_moved` stat)."""
+        raise NotImplementedError
+
+    # -- the keepers ---------------------------------------------------------------
+    def add_keeper(self, keeper: ReplicaKeeper) -> None:
+        raise NotImplementedError
+
+    def watched(self, paths: List[str]) -> List[str]:
+        """Those of `paths` some keeper caches: only they need files_changed."""
+        raise NotImplementedError
+
+    def files_changed(self, node: str, paths: List[str], done: Callable[[], None]) -> None:
+        """Every keeper acts on `paths` written by `node`; done() once all have
+        (or after a bound)."""
+        raise NotImplementedError
+
+    def replica_dir(self, node: str, path: str) -> Optional[str]:
+        raise NotImplementedError
+
+    def adopt(self, node: str, path: str, file: str, source: str,
+              done: Callable[[bool, str, str], None]) -> None:
+        raise NotImplementedError
+
+    def pin(self, node: str, paths: List[str], pin: bool, done: Callable[[], None]) -> None:
+        raise NotImplementedError

@@ -1,0 +1,1 @@
+"""Broadcast: `gxpc bcast` on the head, its node side and direct links."""

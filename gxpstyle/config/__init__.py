@@ -1,0 +1,1 @@
+"""What a user gives: use rules, cluster files, host patterns, ranges, names."""

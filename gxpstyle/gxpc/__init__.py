@@ -1,0 +1,1 @@
+"""gxpc, the command line, and the client library it is built on."""

@@ -1,0 +1,1 @@
+"""The session daemon on the head: the tree, services, sessions, exploring."""

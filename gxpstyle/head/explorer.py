@@ -1,0 +1,259 @@
+"""The explore service on the head: `use` rules and `explore`.
+
+The head plans the tree (spanning_tree.py) and sends `spawn` to each parent;
+parents bootstrap children and answer `spawned`. Targets whose gateway is not up
+yet wait for it; a gateway that fails fails the targets behind it.
+
+Head-only.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple
+
+from gxpstyle.config import hostpattern, limits, use_rules
+from gxpstyle.head import spanning_tree
+from gxpstyle.protocol import wire
+from gxpstyle.protocol.schema import Bool, Int, ListOf, MapOf, Num, Rec, Str
+from gxpstyle.api.services import Service, Verb
+
+if TYPE_CHECKING:
+    from gxpstyle.head.service_host import TreeHost
+
+_lo_local, _hi_local, _ = limits.RANGES["local"]
+_lo_fan, _hi_fan, _ = limits.RANGES["fanout"]
+_lo_to, _hi_to, _ = limits.RANGES["timeout"]
+_PORT = Int(*limits.RANGES["port"][:2])
+_FANOUT = Int(_lo_fan, _hi_fan)
+_TIMEOUT = Num(_lo_to, _hi_to)
+_STRS = ListOf(Str(4096), 256)
+
+RULE = Rec({"channel": Str(32, empty=False), "from": Str(4096, empty=False),
+            "to": Str(4096, empty=False)},
+           {"user": Str(256), "port": _PORT, "identity_file": Str(4096), "ssh_options": _STRS,
+            "template": Str(4096), "python": Str(4096), "timeout": _TIMEOUT, "fanout": _FANOUT,
+            "queue": Str(256), "batch_options": _STRS, "connect_host": Str(256),
+            "job_time": Str(64)})
+HOST_SETTINGS = Rec(None, {"fanout": _FANOUT, "timeout": _TIMEOUT, "python": Str(4096)}, open=True)
+
+USE_ARGS = Rec(None, {"rules": ListOf(RULE, 4096)})
+EXPLORE_ARGS = Rec(None, {
+    "targets": ListOf(Str(1 << 16, empty=False), 1 << 16),
+    "local": Int(_lo_local, _hi_local),
+    "rules": ListOf(RULE, 4096),
+    "fanout": _FANOUT,
+    "timeout": _TIMEOUT,
+    "host_settings": MapOf(HOST_SETTINGS, 1 << 20),
+    "verbose": Bool(),
+})
+# A pattern that expands past this many hosts is almost surely a typo.
+MAX_TARGETS = 100000
+LOCAL_STARTS_PER_CPU = 2
+
+
+@dataclass
+class Exploration:
+    client: str
+    req: int
+    started: float
+    pending: Dict[int, Tuple[spanning_tree.Assignment, str]] = field(default_factory=dict)
+    waiting: Dict[str, List[spanning_tree.Assignment]] = field(default_factory=dict)
+    up: List[str] = field(default_factory=list)
+    failed: Dict[str, str] = field(default_factory=dict)
+    timeout: float = 20.0
+    fanout: int = 8
+    key: int = 0
+    # True while dispatching: a spawn on the head itself can fail synchronously,
+    # and must not end the exploration before the rest starts.
+    planning: bool = True
+    queued: int = 0            # local bootstraps waiting for their turn
+    host_settings: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+
+
+class ExploreService(Service):
+    name = "explore"
+
+    def __init__(self, head: "TreeHost") -> None:
+        super().__init__(head)
+        self.tree_host = head      # the explorer builds the tree: it may add to it
+        self.rules: List[use_rules.UseRule] = []
+        self.explorations: Dict[int, Exploration] = {}
+        self.spawn_reqs: Dict[int, Tuple[Exploration, spanning_tree.Assignment, str]] = {}
+        # Local bootstraps in flight per machine, and those waiting for a turn.
+        # Each is a Python start (~40 ms of CPU); a thousand at once on two
+        # cores starve everything, the daemon included (`stat` took seconds).
+        # A few per CPU at a time take as long in total and keep the machine
+        # answering.
+        self.local_busy: Dict[str, int] = {}
+        self.local_queue: Dict[
+            str, "collections.deque[Tuple[Exploration, spanning_tree.Assignment, str]]"] = {}
+        self.local_of: Dict[int, str] = {}
+
+    def verbs(self) -> Dict[str, Verb]:
+        return {"use": Verb(self.req_use, USE_ARGS), "explore": Verb(self.req_explore, EXPLORE_ARGS)}
+
+    def req_use(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        for r in args.get("rules", []):
+            rule = use_rules.rule_from_dict(r)
+            if all(old.to_dict() != rule.to_dict() for old in self.rules):
+                self.rules.append(rule)
+        self.head.reply(cid, req, 0, {"rules": [r.to_dict() for r in self.rules]})
+
+    def req_explore(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        head = self.tree_host
+        fanout = int(args.get("fanout") or 8)
+        timeout = float(args.get("timeout") or 20.0)
+        rules = list(self.rules)
+        for r in args.get("rules", []):
+            rules.append(use_rules.rule_from_dict(r))
+        targets: List[str] = []
+        for pat in args.get("targets", []):
+            targets.extend(hostpattern.expand(pat))
+            if len(targets) > MAX_TARGETS:
+                raise ValueError("explore: more than %d target hosts; check the patterns" % MAX_TARGETS)
+        local = int(args.get("local") or 0)
+        if local:
+            used = {n.name for n in head.nodes()}
+            i = 1
+            while local > 0:
+                name = "local%d" % i
+                if name not in used:
+                    targets.append(name)
+                    local -= 1
+                i += 1
+            rules.append(use_rules.make_rule("local", "*", "local*"))
+        ex = Exploration(cid, req, time.monotonic(), timeout=timeout, fanout=fanout,
+                         host_settings=dict(args.get("host_settings") or {}))
+        live_names = {n.name for n in head.nodes() if n.up}
+        fresh: List[str] = []
+        seen = set(live_names)
+        for t in targets:
+            if t not in seen:
+                seen.add(t)
+                fresh.append(t)
+        children: Dict[str, int] = {}
+        for n in head.nodes():
+            if n.up and n.parent is not None:
+                children[n.parent] = children.get(n.parent, 0) + 1
+        live = [spanning_tree.PlanNode("id:" + n.id, n.names() + (["head"] if n.id == wire.HEAD else []),
+                                       n.id.count("."), children.get(n.id, 0), fanout)
+                for n in head.nodes() if n.up and not n.role]
+
+        def fanout_for(target: str, rule: use_rules.UseRule) -> int:
+            return int(rule.options.get("fanout")
+                       or ex.host_settings.get(target, {}).get("fanout") or fanout)
+
+        plan = spanning_tree.plan(live, fresh, rules, fanout_for)
+        for target, why in plan.unreachable.items():
+            ex.failed[target] = why
+            head.say(cid, req, "gxpc: explore: %s: %s" % (target, why))
+        ex.key = head.new_req()
+        self.explorations[ex.key] = ex
+        for a in plan.assignments:
+            if not a.parent.startswith("id:"):
+                ex.waiting.setdefault(a.parent[2:], []).append(a)
+        for a in plan.assignments:
+            if a.parent.startswith("id:"):
+                self._dispatch(ex, a, a.parent[3:])
+        ex.planning = False
+        self._maybe_done(ex)
+
+    def _dispatch(self, ex: Exploration, a: spanning_tree.Assignment, parent: str) -> None:
+        if a.rule.channel == "local":
+            info = self.head.node(parent)
+            host = info.hostname if info is not None else parent
+            limit = LOCAL_STARTS_PER_CPU * max(1, info.slots if info is not None else 1)
+            if self.local_busy.get(host, 0) >= limit:
+                self.local_queue.setdefault(host, collections.deque()).append((ex, a, parent))
+                ex.queued += 1
+                return
+            self.local_busy[host] = self.local_busy.get(host, 0) + 1
+            self.local_of[self._send_spawn(ex, a, parent)] = host
+            return
+        self._send_spawn(ex, a, parent)
+
+    def _local_done(self, req: int) -> None:
+        """A local bootstrap ended (up, failed or lost): start the next one."""
+        host = self.local_of.pop(req, None)
+        if host is None:
+            return
+        self.local_busy[host] -= 1
+        queue = self.local_queue.get(host)
+        while queue:
+            ex, a, parent = queue.popleft()
+            ex.queued -= 1
+            if self.head.is_up(parent):
+                self._dispatch(ex, a, parent)
+                return
+            self._fail(ex, a.target, "not explored: its parent was lost")
+            self._maybe_done(ex)
+
+    def _send_spawn(self, ex: Exploration, a: spanning_tree.Assignment, parent: str) -> int:
+        head = self.tree_host
+        child = head.new_child_id(parent)
+        spec = dict(a.rule.options)
+        spec["name"] = a.rule.channel
+        cluster = ex.host_settings.get(a.target, {})
+        if cluster.get("python") and "python" not in spec:
+            spec["python"] = cluster["python"]
+        timeout = float(spec.get("timeout") or cluster.get("timeout") or ex.timeout)
+        spec.setdefault("timeout", timeout)
+        req = head.new_req()
+        ex.pending[req] = (a, child)
+        self.spawn_reqs[req] = (ex, a, child)
+        head.spawn(parent, {"op": "spawn", "req": req, "child": child, "target": a.target,
+                            "channel": spec, "timeout": timeout})
+        return req
+
+    def spawned(self, src: str, msg: Dict[str, Any]) -> bool:
+        """A `spawned` for one of our spawns (True), or not ours (False)."""
+        entry = self.spawn_reqs.pop(msg["req"], None)
+        if entry is None:
+            return False
+        self._local_done(msg["req"])
+        ex, a, child = entry
+        ex.pending.pop(msg["req"], None)
+        if msg["ok"] and msg["child"] == child and src == child.rsplit(".", 1)[0]:
+            self.tree_host.node_up(child, a.target, src, a.rule.channel, msg["info"])
+            ex.up.append(a.target)
+            for waiting in ex.waiting.pop(a.target, []):
+                self._dispatch(ex, waiting, child)
+        else:
+            self._fail(ex, a.target, msg["reason"] or "failed")
+        self._maybe_done(ex)
+        return True
+
+    def _fail(self, ex: Exploration, target: str, reason: str) -> None:
+        ex.failed[target] = reason
+        self.head.say(ex.client, ex.req, "gxpc: explore: %s: %s" % (target, reason))
+        for waiting in ex.waiting.pop(target, []):
+            self._fail(ex, waiting.target, "not explored: its gateway %s failed" % target)
+
+    def _maybe_done(self, ex: Exploration) -> None:
+        if ex.planning or ex.pending or ex.waiting or ex.queued:
+            return
+        if self.explorations.pop(ex.key, None) is None:
+            return
+        elapsed = time.monotonic() - ex.started
+        self.head.reply(ex.client, ex.req, 1 if ex.failed else 0,
+                        {"up": ex.up, "failed": ex.failed, "seconds": round(elapsed, 3)})
+
+    def node_lost(self, lost: str, reason: str) -> None:
+        # Local bootstraps queued under the lost subtree will never start.
+        for queue in self.local_queue.values():
+            for item in [q for q in queue if wire.is_descendant(q[2], lost)]:
+                queue.remove(item)
+                ex, a, _ = item
+                ex.queued -= 1
+                self._fail(ex, a.target, "not explored: its parent was lost")
+                self._maybe_done(ex)
+        # Explorations waiting on a spawn from the lost subtree.
+        for req, (ex, a, child) in list(self.spawn_reqs.items()):
+            if wire.is_descendant(child, lost):
+                del self.spawn_reqs[req]
+                self._local_done(req)
+                ex.pending.pop(req, None)
+                self._fail(ex, a.target, "gateway lost during bootstrap")
+                self._maybe_done(ex)

@@ -1,0 +1,162 @@
+"""The head's books of jobs: which service started which job on which nodes.
+
+Head-only, and the head's own: services start and kill jobs through their
+HeadAPI, which files each job under the service that started it.
+"""
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+
+from gxpstyle.protocol import wire
+from gxpstyle.api.services import Service
+
+if TYPE_CHECKING:
+    from gxpstyle.head.daemon import Head
+
+
+@dataclass
+class JobRecord:
+    owner: Service
+    client: str
+    nodes: Dict[str, Optional[int]]      # node id -> exit status, None while running
+    output: bytearray = field(default_factory=bytearray)   # the head's own jobs only
+
+
+MAX_INTERNAL_OUTPUT = 64 << 10
+ENV_BASES = 32    # job_runner.ENV_BASES: the bases a node keeps
+
+
+class JobTable:
+    """Jobs the head started, by (client, job id), each owned by a service.
+
+    A node reports a job's end to the head with `done` (the `exec` carries
+    notify), so the head never decodes the client's output frames. A lost
+    node's jobs are answered for here; a client that goes away has its jobs
+    killed. A client of "0" is the head itself: such a job's output and exit
+    come back to the owner (`job_output`)."""
+
+    def __init__(self, head: "Head") -> None:
+        self.head = head
+        self.seq = 0
+        self.jobs: Dict[Tuple[str, int], JobRecord] = {}
+        # Environment bases each node keeps (job_runner.ENV_BASES, oldest
+        # first, forgotten in the same order): node id -> {caller's key: id}
+        self.bases: Dict[str, Dict[Any, int]] = {}
+        self.base_seq = 0
+        # Jobs their client has heard of but that have not started (their
+        # inputs are still being copied): the frames the client sent them
+        # (stdin, kill, output credit), in order, go out after the exec. Held
+        # stdin is bounded by the client's window (it waits for stdin_ack).
+        self.announced: Dict[Tuple[str, int], List[Tuple[str, bytes]]] = {}
+
+    def new_id(self) -> int:
+        """A job id, taken before start() so the client can hear it first."""
+        self.seq += 1
+        return self.seq
+
+    def announce(self, client: str, job: int) -> None:
+        """The client heard of `job`, which starts later: hold what it sends the job."""
+        self.announced[(client, job)] = []
+
+    def hold(self, client: str, job: Any, dst: str, frame: bytes) -> bool:
+        """Keep a client's frame for a job not started yet (True), else False."""
+        held = self.announced.get((client, job))
+        if held is None:
+            return False
+        held.append((dst, frame))
+        return True
+
+    def forget(self, client: str, job: int) -> None:
+        """A job announced to its client will never start: drop what it sent."""
+        self.announced.pop((client, job), None)
+
+    def start(self, owner: Service, client: str, job: int, nodes: List[str], cmd: str,
+              env_for: Callable[[str, int], Dict[str, Optional[str]]],
+              cwd_for: Callable[[str], Optional[str]], stdin: bool = False,
+              base_for: Optional[Callable[[str], Tuple[Any, Dict[str, Optional[str]]]]] = None) -> None:
+        """Start job `job` on `nodes`; its output and exit go to `client`.
+        With base_for(node) -> (key, environment), env_for gives only what
+        differs from that environment, which goes to each node once per key
+        (a make's recipes share one: it is not sent with every recipe)."""
+        if not nodes:
+            return
+        self.jobs[(client, job)] = JobRecord(owner, client, {n: None for n in nodes})
+        for idx, nid in enumerate(nodes):
+            msg = {"op": "exec", "job": job, "cmd": cmd, "cwd": cwd_for(nid),
+                   "env": env_for(nid, idx), "stdin": stdin, "notify": True}
+            if base_for is not None:
+                self._with_base(msg, nid, *base_for(nid))
+            self.head.route_frame(nid, wire.encode_frame(nid, client, msg), None)
+        for dst, frame in self.announced.pop((client, job), []):
+            self.head.route_frame(dst, frame, None)
+
+    def _with_base(self, msg: Dict[str, Any], nid: str, key: Any,
+                   env: Dict[str, Optional[str]]) -> None:
+        kept = self.bases.setdefault(nid, {})
+        base = kept.get(key)
+        if base is None:
+            self.base_seq += 1
+            base = self.base_seq
+            if len(kept) >= ENV_BASES:
+                del kept[next(iter(kept))]
+            kept[key] = base
+            msg["base_env"] = env
+        msg["base"] = base
+
+    def done(self, node: str, client: str, job: int, status: int, error: str) -> None:
+        rec = self.jobs.get((client, job))
+        if rec is None or rec.nodes.get(node, 0) is not None:
+            return
+        rec.nodes[node] = status
+        if all(v is not None for v in rec.nodes.values()):
+            del self.jobs[(client, job)]
+        if client == wire.HEAD and status != 0 and not error:
+            lines = bytes(rec.output).decode("utf-8", "replace").strip().splitlines()
+            error = lines[-1] if lines else "exit status %d" % status
+        rec.owner.job_done(client, job, node, status, error)
+
+    def output(self, node: str, job: int, data: bytes) -> None:
+        """Output of a job the head itself started (client "0"), kept bounded."""
+        rec = self.jobs.get((wire.HEAD, job))
+        if rec is not None and node in rec.nodes:
+            room = MAX_INTERNAL_OUTPUT - len(rec.output)
+            if room > 0:
+                rec.output += data[:room]
+
+    def kill(self, client: str, job: int, sig: int) -> None:
+        """Signal a job's running shares (a job not started yet is forgotten)."""
+        self.forget(client, job)
+        for node in self.running_on(client, job):
+            self.head.route_frame(node, wire.encode_frame(
+                node, client, {"op": "kill", "job": job, "sig": sig}), None)
+
+    def running_on(self, client: str, job: int) -> List[str]:
+        rec = self.jobs.get((client, job))
+        return [n for n, s in rec.nodes.items() if s is None] if rec else []
+
+    def nodes_lost(self, lost: str, reason_of: Callable[[str], str]) -> None:
+        """Jobs on the lost subtree will never report: answer for them."""
+        for nid in [n for n in self.bases if wire.is_descendant(n, lost)]:
+            del self.bases[nid]
+        for (client, job), rec in list(self.jobs.items()):
+            for nid, status in list(rec.nodes.items()):
+                if status is None and wire.is_descendant(nid, lost):
+                    error = "node lost: %s" % reason_of(nid)
+                    self.done(nid, client, job, 255, error)
+                    self.head.deliver_to_client(client, nid, {"op": "exit", "job": job,
+                                                              "status": 255, "error": error})
+
+    def client_closed(self, client: str) -> None:
+        for key in [k for k in self.announced if k[0] == client]:
+            del self.announced[key]
+        for (c, job), rec in list(self.jobs.items()):
+            if c != client:
+                continue
+            del self.jobs[(c, job)]
+            for node, status in rec.nodes.items():
+                if status is None:
+                    self.head.route_frame(node, wire.encode_frame(
+                        node, client, {"op": "kill", "job": job, "sig": int(signal.SIGKILL)}), None)
+                    rec.owner.job_done(client, job, node, 255, "client gone")

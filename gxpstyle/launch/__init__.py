@@ -1,0 +1,1 @@
+"""Starting child agents: first stage, payload, channels, batch queues."""

@@ -1,0 +1,1 @@
+"""The agent on every node: routing, jobs, its own clean-up."""

@@ -1,0 +1,1 @@
+"""The wire: frames, messages and their schemas, the serializer."""

@@ -1,0 +1,1 @@
+"""Which node holds which file of the shared mount."""

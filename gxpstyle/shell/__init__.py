@@ -1,0 +1,1 @@
+"""The parallel shell: `gxpc e` on the head and its client side."""

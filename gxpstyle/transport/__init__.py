@@ -1,0 +1,1 @@
+"""The event loop, frame links between neighbours, authenticated TCP links."""

@@ -1,0 +1,1 @@
+"""The `gxpc make` and `gxpc plot` verbs and the make they run."""

@@ -1,0 +1,1 @@
+"""`gxpc make` on the head: placement, slots and planned transfers."""

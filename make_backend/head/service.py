@@ -1,0 +1,303 @@
+"""`gxpc make` on the head: the `job` verb, one recipe at a time.
+
+The job shell (make_backend/hook/job_shell.py) asks for a node for each recipe; the
+placement (placement.py: input bytes from the replica catalog against load,
+hints) picks it and the recipe runs there like one node's share of `gxpc e`,
+in this service's own books: make's recipes never change what `gxpc smask`
+selects. A recipe whose best node is busy waits here (delay scheduling), its
+reply held. When a recipe ends, the mounts act on its files (ReplicaAPI.files_changed:
+caches dropped everywhere, outputs into the catalog) before the `settled`
+verb answers, so make hears a success only once every node sees the outputs
+complete. A service of the core (gxpstyle/api/services.py).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+from gxpstyle.api.interfaces import BcastAPI, ReplicaAPI, Shell
+from gxpstyle.protocol.schema import Bool, Int, ListOf, MapOf, Opt, Rec, Str
+from gxpstyle.api.services import Service, Verb
+from make_backend.head.placement import Hints, NodeView, Placement
+from make_backend.head.slot_books import SlotBooks
+from make_backend.head.transfer_plan import INF, TransferPlanner
+
+_PATH = Str(1 << 16)
+_ENV = MapOf(Opt(Str(1 << 20)), 1 << 14)
+# `env` in a job: what differs from the make's environment (ENV_ARGS), None
+# for a variable the recipe does not have. `inputs`: the paths the recipe's
+# command names (recipe_files.py); `on`, `place`, `slots`, `dp`: its hints.
+JOB_ARGS = Rec({"cmd": Str(1 << 20)},
+               {"cwd": Opt(Str(4096)), "env": _ENV,
+                "target": _PATH, "inputs": ListOf(_PATH, 1 << 16),
+                "avoid": ListOf(Str(200), 4096), "stdin": Bool(),
+                "on": Str(4096), "place": Str(8), "slots": Int(1, 4096), "dp": Str(200)})
+# Once per make (per client): the environment most of its recipes share, and
+# how its inputs are copied to the nodes (transfer_plan.py).
+ENV_ARGS = Rec({"env": _ENV}, {"pull_threshold": Int(0, INF), "transfer_slots": Int(1, 64),
+                               "pull_order": Str(8), "trace": Str(4096)})
+SETTLED_ARGS = Rec({"job": Int(0, 1 << 62)})
+NODE_VARS = ("GXP_NODE_ID", "GXP_HOSTNAME")   # the node's own, never the make's
+
+if TYPE_CHECKING:
+    from gxpstyle.api.head_api import HeadAPI
+
+
+@dataclass
+class Waiting:
+    cid: str
+    req: int
+    args: Dict[str, Any]
+    since: float
+    why: str = ""
+    retry_at: Optional[float] = None   # when placement may decide otherwise
+
+
+@dataclass
+class Settling:
+    acted: bool = False
+    req: Optional[int] = None
+
+
+class MakeService(Service):
+    name = "make"
+
+    def __init__(self, head: "HeadAPI") -> None:
+        super().__init__(head)
+        shell, replicas, bcast = head.service(Shell), head.service(ReplicaAPI), head.service(BcastAPI)
+        if shell is None or replicas is None or bcast is None:
+            raise ValueError("make needs the core's shell, replica and bcast services")
+        self.shell: Shell = shell
+        self.replicas: ReplicaAPI = replicas
+        self.slot_books = SlotBooks()
+        self.placement = Placement()
+        self.envs: Dict[str, Dict[str, Optional[str]]] = {}   # client -> its make's environment
+        self.waiting: List[Waiting] = []
+        self.paths: Dict[Tuple[str, int], List[str]] = {}     # running recipe -> its paths
+        self.settling: Dict[Tuple[str, int], Settling] = {}
+        self._timer: Optional[int] = None
+        self._timer_at = 0.0
+        self.transfers = TransferPlanner(head, replicas, bcast)
+        self.started: Dict[Tuple[str, int], Tuple[str, str, float]] = {}   # traced recipes
+        # client -> (generation, the session's env it was built on, node -> environment)
+        self.bases: Dict[str, Tuple[int, Dict[str, Optional[str]], Dict[str, Dict[str, Optional[str]]]]] = {}
+        self.base_gen = 0
+
+    def verbs(self) -> Dict[str, Verb]:
+        return {"job": Verb(self.req_job, JOB_ARGS), "env": Verb(self.req_env, ENV_ARGS),
+                "settled": Verb(self.req_settled, SETTLED_ARGS)}
+
+    def req_env(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        if args.get("trace") and not str(args["trace"]).startswith("/"):
+            raise ValueError("make: give the trace as an absolute path")
+        self.envs[cid] = dict(args["env"])
+        try:
+            self.transfers.configure(cid, args)
+        except OSError as e:
+            self.head.reply(cid, req, 1, {"error": "cannot write the trace %s: %s"
+                                          % (args.get("trace"), e.strerror or e)})
+            return
+        self.bases.pop(cid, None)
+        self.head.reply(cid, req, 0, {})
+
+    def client_closed(self, client: str) -> None:
+        self.envs.pop(client, None)
+        self.bases.pop(client, None)
+        self.waiting = [w for w in self.waiting if w.cid != client]
+        for key in [k for k in self.settling if k[0] == client]:
+            del self.settling[key]
+        for key in self.transfers.client_closed(client):   # recipes that never started
+            self.slot_books.finished(key)
+        for key in [k for k in self.started if k[0] == client]:
+            del self.started[key]
+
+    def node_up(self, nid: str) -> None:
+        if self.waiting:        # a recipe waiting for any free slot may run there
+            self._retry()
+
+    def node_lost(self, lost: str, reason: str) -> None:
+        self.transfers.node_lost(lost)
+        if self.waiting:        # one waiting for that node now goes elsewhere, or fails
+            self._retry()
+
+    def stat(self) -> Dict[str, Any]:
+        return dict(self.transfers.stat(), make_waiting=len(self.waiting))
+
+    # -- placement -----------------------------------------------------------------
+    def req_job(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        """One recipe: place it (or hold it until its node has a slot), then run it."""
+        w = Waiting(cid, req, args, time.monotonic())
+        if not self._try(w):
+            self.waiting.append(w)
+            self._arm()
+
+    def _try(self, w: Waiting) -> bool:
+        """Place and start `w`; False if it must wait."""
+        head = self.head
+        args = w.args
+        avoid = set(args.get("avoid") or [])
+        nodes = [n for n in self.shell.select_nodes() if n not in avoid]
+        if not nodes:
+            head.reply(w.cid, w.req, 1, {"error": "no node is up to run the recipe"})
+            return True
+        slots = int(args.get("slots") or 1)
+        views = []
+        for n in nodes:
+            info = head.node(n)
+            if info is not None:
+                views.append(NodeView(n, info.names(), info.hostname, info.slots,
+                                      self.slot_books.running.get(n, 0)))
+        held_by_node, total = self.replicas.bytes_by_node(args.get("inputs") or [])
+        held: Dict[str, int] = {}
+        for holder, nbytes in held_by_node.items():
+            info = head.node(holder)
+            if info is not None and info.up:
+                held[info.hostname] = held.get(info.hostname, 0) + nbytes
+        hints = Hints(on=str(args.get("on") or ""), place=str(args.get("place") or ""),
+                      slots=slots, dp=str(args.get("dp") or ""))
+        d = self.placement.decide(views, held, total, hints, w.since, time.monotonic(),
+                                  self.shell.saved_masks())
+        if d.error:
+            head.reply(w.cid, w.req, 1, {"error": d.error})
+            return True
+        if d.node is None:
+            w.why, w.retry_at = d.why, d.retry_at
+            return False
+        self.replicas.count_moved(d.fetch)
+        self._run(w.cid, w.req, args, d.node, slots,
+                  {"why": d.why, "local": d.local, "fetch": d.fetch})
+        return True
+
+    def _arm(self) -> None:
+        """Retry the waiting recipes when the first SOFT wait runs out (a
+        wait bounded by a quick fetch can be much shorter than the delay).
+        Nothing else is a matter of time: a freed slot (job_done), a node up
+        or lost, a fetch that changes the rate a wait is weighed against
+        retry them as they happen."""
+        soonest = min((w.retry_at for w in self.waiting if w.retry_at is not None), default=None)
+        if soonest is None:
+            return
+        now = time.monotonic()
+        wait = max(0.0, soonest - now)
+        if self._timer is not None:
+            if self._timer_at <= now + wait:
+                return
+            self.head.cancel(self._timer)
+
+        def fire() -> None:
+            self._timer = None
+            self._retry()
+        self._timer = self.head.call_later(wait, fire)
+        self._timer_at = now + wait
+
+    def _retry(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for w in waiting:
+            if not self._try(w):
+                self.waiting.append(w)
+        self._arm()
+
+    def _run(self, cid: str, req: int, args: Dict[str, Any], nid: str, slots: int,
+             why: Dict[str, Any]) -> None:
+        head = self.head
+        name = head.name_of(nid)
+        # what this recipe's environment changes from its make's (_base)
+        env = {k: v for k, v in (args.get("env") or {}).items() if k not in NODE_VARS}
+        job = head.new_job()
+        # only files some service caches (a mount) need acting on at the end
+        paths = self.replicas.watched(list(args.get("inputs") or []))
+        settle = bool(paths)
+        # The reply goes first: the client learns the job id before its output
+        # (and may send it stdin before it starts: the job table holds that).
+        head.announce_job(cid, job)
+        head.reply(cid, req, 0, dict(why, job=job, node=nid, name=name, settle=settle))
+        if settle:
+            self.paths[(cid, job)] = paths
+            self.settling[(cid, job)] = Settling()
+        self.slot_books.started((cid, job), nid, slots)
+
+        def start() -> None:      # once the inputs it lacks are on its node
+            info = head.node(nid)
+            if info is None or not info.up:
+                head.forget_job(cid, job)
+                error = "node lost: %s" % (info.reason if info is not None else nid)
+                self.job_done(cid, job, nid, 255, error)
+                head.tell_client(cid, nid, {"op": "exit", "job": job, "status": 255,
+                                            "error": error})
+                return
+            if self.transfers.trace(cid) is not None:
+                self.started[(cid, job)] = (name, args["cmd"].strip().split("\n", 1)[0][:200],
+                                            time.time())
+            head.start_job(cid, job, [nid], args["cmd"], lambda n, i: env,
+                           lambda n: args.get("cwd"), stdin=bool(args.get("stdin")),
+                           base_for=lambda n: self._base(cid, n))
+        fetch, staged, copying = int(why.get("fetch") or 0), time.monotonic(), [False]
+
+        def measured() -> None:   # the placement weighs SOFT waits against this rate
+            if copying[0]:        # not when there was nothing to copy
+                self.placement.observe_fetch(fetch, time.monotonic() - staged)
+            start()
+            if copying[0] and self.waiting:
+                self._retry()     # a wait weighed against the old rate may be over
+        self.transfers.stage((cid, job), nid, paths, measured)
+        copying[0] = True
+
+    def _base(self, cid: str, nid: str) -> Tuple[Any, Dict[str, Optional[str]]]:
+        """The environment a make's recipes share on node `nid` (the session's,
+        the make's, the node's GXP_ variables): each node gets it once
+        (JobTable.start), each recipe only what it changes."""
+        shell = self.shell.env()
+        b = self.bases.get(cid)
+        if b is None or b[1] != shell:
+            self.base_gen += 1
+            b = self.bases[cid] = (self.base_gen, dict(shell), {})
+        env = b[2].get(nid)
+        if env is None:
+            env = dict(shell)
+            env.update(self.envs.get(cid, {}))
+            env.update({"GXP_NODE_ID": nid, "GXP_HOSTNAME": self.head.name_of(nid)})
+            b[2][nid] = env
+        return ("make", b[0]), env
+
+    # -- write-on-exit ---------------------------------------------------------------
+    def job_done(self, client: str, job: int, node: str, status: int, error: str) -> None:
+        key = (client, job)
+        self.transfers.release(key)
+        ran = self.slot_books.finished(key)
+        if ran is not None and status == 0:
+            self.placement.observe(ran)      # the SOFT delay follows run times
+        traced = self.started.pop(key, None)
+        trace = self.transfers.trace(client)
+        if traced is not None and trace is not None:
+            trace.recipe(traced[0], traced[1], traced[2], time.time(), status)
+        paths = self.paths.pop(key, None)
+        if paths is not None and status == 0:
+            # a success counts once every mount shows its files as they are
+            self.replicas.files_changed(node, paths, lambda: self._acted(key))
+        elif paths is not None:
+            # a failed recipe: every mount drops its caches of its files too
+            # (make's .DELETE_ON_ERROR deletes a target only if it sees a new
+            # mtime), but no node is named as their writer, so its partial
+            # outputs never enter the catalog
+            self.replicas.files_changed("", paths, lambda: self._acted(key))
+        if self.waiting:
+            self._retry()
+
+    def _acted(self, key: Tuple[str, int]) -> None:
+        s = self.settling.get(key)
+        if s is None:
+            return
+        s.acted = True
+        if s.req is not None:
+            del self.settling[key]
+            self.head.reply(key[0], s.req, 0, {})
+
+    def req_settled(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        key = (cid, args["job"])
+        s = self.settling.get(key)
+        if s is None or s.acted:
+            self.settling.pop(key, None)
+            self.head.reply(cid, req, 0, {})
+            return
+        s.req = req

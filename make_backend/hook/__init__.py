@@ -1,0 +1,1 @@
+"""What runs under GNU make: the compiled hook, its job shell, the relay."""

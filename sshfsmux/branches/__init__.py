@@ -1,0 +1,1 @@
+"""Branches: what a merged mount is built from, and the replica store."""

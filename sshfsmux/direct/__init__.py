@@ -1,0 +1,1 @@
+"""The direct data channel between agents: client branches and the export server."""

@@ -1,0 +1,1 @@
+"""The merged tree: one FUSE filesystem over a list of branches."""

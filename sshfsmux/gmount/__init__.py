@@ -1,0 +1,1 @@
+"""GMount: the merged mount as a gxpc service (head, node side, verbs)."""

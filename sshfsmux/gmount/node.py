@@ -1,0 +1,480 @@
+"""GMount's per-node service (role "gmount"): an export server on EXPORT and, once
+the head sends the peers, the merged FUSE mount at MOUNTPOINT.
+
+It runs as a child node of the node's agent, started by the same bootstrap and
+loaded from memory (the head pushed these modules). FUSE takes the main thread;
+the node's event loop runs beside it. GMountNode holds the node's state and
+answers the head's calls (one method each: mount, umount, scan, changed,
+adopt, pin, drop_peers, changes); work that may block (FUSE, the peers, the
+disk) runs on a thread of its own and answers through the loop. Shutdown
+(quit, or the agent going away) unmounts and closes.
+
+Standard library plus modules the head pushes (sshfsmux, mfusepy).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+
+# The host's addresses and the pick of a peer's: the core's (its transfers' direct links use them too).
+from gxpstyle.transport.link_auth import local_addresses, pick_address
+from gxpstyle.api.node_side import NodeSide
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+    from sshfsmux.branches.branch import Branch
+
+    Reply = Callable[..., None]
+
+MOUNT_WAIT = 20.0
+COALESCE = 0.3          # seconds of changes made through the mount sent as one answer
+CHANGES_PAGE = 5000     # paths an answer describes; the rest wait for the next call
+MAX_PENDING = 100000    # paths kept between answers (more: the catalog misses some)
+
+# What the head pushes to a node for this service, dependencies first.
+NODE_MODULES = [
+    "sshfsmux.branches.branch", "sshfsmux.branches.confined_paths", "sshfsmux.direct.transport",
+    "sshfsmux.direct.protocol",
+    "sshfsmux.branches.local_syscalls", "sshfsmux.branches.local_branch",
+    "sshfsmux.branches.replica_cache", "sshfsmux.direct.channel",
+    "sshfsmux.direct.files", "sshfsmux.direct.branch",
+    "sshfsmux.fs.mount_nesting", "sshfsmux.fs.fuse_glue", "sshfsmux.fs.access_memo",
+    "sshfsmux.fs.merged_handles",
+    "sshfsmux.fs.link_names", "sshfsmux.fs.merged_changes", "sshfsmux.fs.merged_xattrs",
+    "sshfsmux.fs.merged_fs",
+    "sshfsmux.direct.export_server", "sshfsmux.gmount.export_scan", "sshfsmux.fs.kernel_cache",
+    "sshfsmux.gmount.node", "mfusepy",
+]
+
+
+def fusermount() -> str:
+    for name in ("fusermount3", "fusermount"):
+        for d in os.environ.get("PATH", "/usr/bin:/bin").split(":") + ["/usr/bin", "/bin"]:
+            path = os.path.join(d, name)
+            if os.access(path, os.X_OK):
+                return path
+    return "fusermount"
+
+
+def fuse_conf_allows_other(path: str = "/etc/fuse.conf") -> bool:
+    try:
+        with open(path) as f:
+            return any(line.strip() == "user_allow_other" for line in f)
+    except OSError:
+        return False
+
+
+def is_mounted(mountpoint: str) -> bool:
+    try:
+        with open("/proc/self/mounts") as f:
+            return any(line.split()[1] == mountpoint for line in f if len(line.split()) > 1)
+    except OSError:
+        return False
+
+
+def unmount(mountpoint: str) -> str:
+    """Unmount; a busy mount is detached lazily. Returns '' or the error line."""
+    fm = fusermount()
+    r = subprocess.run([fm, "-u", mountpoint], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+    if r.returncode != 0 and is_mounted(mountpoint):
+        r = subprocess.run([fm, "-u", "-z", mountpoint], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+        if r.returncode != 0 and is_mounted(mountpoint):
+            return r.stderr.decode("utf-8", "replace").strip() or "fusermount failed"
+    return ""
+
+
+def copies_of(fs: "Any", rels: "List[str]") -> "Tuple[List[List[Any]], List[str]]":
+    """What the merged view says of changed names: ([rel, size, mtime, node]
+    for every complete copy, the very list the location xattr names
+    (Xattrs.copies), [rel with no file: gone from every branch, or not a
+    regular file]). A write through this mount goes to the branches holding
+    the file, so "not in this export" is not "gone". A name some branch
+    cannot answer for (a peer that errs) is in neither list: the catalog
+    keeps what it knew."""
+    import errno
+    copies: "List[List[Any]]" = []
+    gone: "List[str]" = []
+    for rel in rels:
+        try:
+            if fs is None:
+                raise OSError(errno.ENOENT, "not mounted")
+            found = fs.file_copies("/" + rel)
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                gone.append(rel)
+            continue
+        if not found:
+            gone.append(rel)
+        copies.extend([rel, size, mtime, node] for node, size, mtime in found)
+    return copies, gone
+
+
+class MountSettings:
+    """A mount's configuration from the head, checked: every bad value is a
+    ValueError in one line, raised before anything is started."""
+
+    def __init__(self, config: "Dict[str, Any]", node_name: str) -> None:
+        from sshfsmux.fs import mount_nesting
+        from sshfsmux.direct.branch import CALL_SECONDS, MAX_CALL_SECONDS
+
+        self.export = os.path.abspath(config["export"])
+        self.mountpoint = os.path.abspath(config["mountpoint"])
+        self.ro = bool(config.get("ro"))
+        self.cipher = bool(config.get("cipher", True))
+        # how long a peer may leave a request unanswered before its files give EIO
+        timeout = config.get("timeout", CALL_SECONDS)
+        if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                or not 1 <= timeout <= MAX_CALL_SECONDS):
+            raise ValueError("timeout %r: give a number of seconds from 1 to %d"
+                             % (timeout, MAX_CALL_SECONDS))
+        self.timeout = float(timeout)
+        self.allow_other = bool(config.get("allow_other"))
+        # bytes of replicas this host's store keeps (-o cache_size=); None: half the free space
+        self.cache_size = config.get("cache_size")
+        if self.allow_other and os.getuid() != 0 and not fuse_conf_allows_other():
+            raise ValueError("allow_other needs 'user_allow_other' in /etc/fuse.conf on %s"
+                             % socket.gethostname())
+        if not os.path.isdir(self.export):
+            raise ValueError("export %s: no such directory" % self.export)
+        if not os.path.isdir(self.mountpoint):
+            # as mount(8) and sshfs: the mountpoint is the user's directory, never made here
+            raise ValueError("mountpoint %s: %s" % (self.mountpoint, "not a directory" if os.path.lexists(
+                self.mountpoint) else "no such directory (make it first, e.g. gxpc e mkdir -p DIR)"))
+        if is_mounted(self.mountpoint):
+            raise ValueError("mountpoint %s: already a mount point" % self.mountpoint)
+        try:
+            self.places = mount_nesting.check_export(self.export, self.mountpoint,
+                                                     socket.gethostname())
+        except mount_nesting.NestingError as e:
+            raise ValueError(str(e))
+        # The name peers and the location attribute know this host by (as explored).
+        self.host_name = str(config.get("node") or node_name)
+
+
+class ChangesWaiting:
+    """Changes made through this mount (a write handle closed, an unlink, a
+    rename), for the head's replica catalog: the head keeps one "changes"
+    call waiting here, answered once something changed (after COALESCE
+    seconds, so that a burst is one answer). FUSE threads add paths; the
+    loop answers."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.paths: "Set[str]" = set()
+        self.reply: "Optional[Reply]" = None
+        self.armed = False
+
+
+class GMountNode(NodeSide):
+    """One node's GMount: the export server (up from the start), the merged
+    FUSE mount (once the head sends the peers), and the answers to the head's
+    calls. The role node's side (gxpstyle/api/node_side.py): it stops with the node."""
+
+    def __init__(self, node: "Any", config: "Dict[str, Any]") -> None:
+        from sshfsmux.direct.export_server import ExportServer
+        from sshfsmux.direct.protocol import data_channel_key
+
+        super().__init__()
+        self.node = node
+        self.cfg = MountSettings(config, node.name)
+        certfile, keyfile = node.tls_files()
+        self.pin = node.opts["pin"]
+        self.key = data_channel_key(node.secret)
+        self.cache_dir = os.path.join(node.ensure_session_dir(), "replicas")
+        self.server = ExportServer(self.cfg.export, self.cfg.ro, self.key, certfile, keyfile,
+                                   self.pin, cipher=self.cfg.cipher, log=self.log)
+        self.own = local_addresses()
+        self.fs: "Any" = None               # the MergedFS, once mounted
+        self.cache: "Any" = None            # the replica store, once mounted
+        self.kcache: "Any" = None           # the mount's kernel cache handle (FUSE init)
+        self.stopping = False
+        self.up = False
+        self.error = ""
+        self.mount_reply: "Optional[Reply]" = None
+        self.go = threading.Event()         # the runner may start FUSE (or give up)
+        self.settled = threading.Event()    # FUSE is up, or failed, or stopped
+        self.changes_waiting = ChangesWaiting()
+
+    def info(self) -> "Dict[str, Any]":
+        """What the head learns of this node's service when it starts."""
+        return {"port": self.server.port, "addrs": self.own, "node": self.cfg.host_name,
+                "store": self.cache_dir}
+
+    def calls(self) -> "Dict[str, Callable[..., None]]":
+        return {"mount": self.mount, "umount": self.umount, "scan": self.scan,
+                "changed": self.changed, "drop_peers": self.drop_peers,
+                "changes": self.changes, "adopt": self.adopt, "pin": self.pin_replicas}
+
+    # -- plumbing ------------------------------------------------------------
+    def log(self, text: str) -> None:
+        self.node.loop.call_soon_threadsafe(lambda: self.node.log(text))
+
+    def in_loop(self, fn: "Callable[..., None]", *args: "Any") -> None:
+        self.node.loop.call_soon_threadsafe(lambda: fn(*args))
+
+    @staticmethod
+    def in_thread(work: "Callable[[], None]") -> None:
+        """Work that may block (FUSE, the peers, the disk): never on the loop."""
+        threading.Thread(target=work, daemon=True).start()
+
+    # -- mount, umount ---------------------------------------------------------
+    def mount(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+        if self.fs is not None:
+            reply(False, "already mounted")
+            return
+        self.in_thread(lambda: self._mount(list(args.get("peers", [])), reply))
+
+    def _mount(self, peers: "List[Dict[str, Any]]", reply: "Reply") -> None:
+        mountpoint = self.cfg.mountpoint
+        try:
+            self.fs = self._merged_fs(peers)
+        except OSError as e:
+            self.in_loop(reply, False, "cannot mount %s: %s" % (mountpoint, e.strerror or e))
+            return
+        except Exception as e:
+            self.in_loop(reply, False, "cannot mount %s: %s" % (mountpoint, e))
+            return
+        self.mount_reply = reply
+        self.go.set()
+        # FUSE's init callback (the mount is up) or the runner's end (it
+        # failed) sets `settled`; the bound only covers a libfuse that hangs
+        self.settled.wait(MOUNT_WAIT)
+        if self.up:
+            self.in_loop(reply, True, "", {"mountpoint": mountpoint})
+            return
+        self.in_loop(reply, False, self.error or ("mount stopped" if self.stopping else
+                                                  "mount did not appear within %gs" % MOUNT_WAIT))
+
+    def _merged_fs(self, peers: "List[Dict[str, Any]]") -> "Any":
+        from sshfsmux.fs import merged_fs
+        from sshfsmux.direct.branch import DirectBranch
+        from sshfsmux.branches.local_branch import LocalBranch
+        from sshfsmux.branches.replica_cache import ReplicaCache
+
+        cfg = self.cfg
+        # one replica store for every peer, kept for the session
+        cache = self.cache = ReplicaCache.persistent(self.cache_dir, limit=cfg.cache_size)
+        branches: "List[Branch]" = [LocalBranch(cfg.export, node=cfg.host_name)]
+        for p in peers:
+            host = pick_address(list(p.get("addrs") or []), self.own)
+            branches.append(DirectBranch(host, int(p["port"]), self.key, self.pin,
+                                         node=str(p["node"]), cipher=cfg.cipher, cache=cache,
+                                         timeout=cfg.timeout))
+        fs = merged_fs.MergedFS(branches, mountpoint=cfg.mountpoint, read_only=cfg.ro,
+                                node=cfg.host_name, log=self.log, branch_places=cfg.places,
+                                on_ready=self._fuse_ready)
+        fs.on_change = self._on_change
+        return fs
+
+    def _fuse_ready(self) -> None:
+        from sshfsmux.fs.kernel_cache import KernelCache
+        # FUSE's init callback: the one place the mount's `struct fuse *` is
+        # visible, kept for the "changed" call (kernel_cache.py)
+        self.kcache = KernelCache.capture()
+        self.up = True
+        self.settled.set()
+
+    def umount(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+        w = self.changes_waiting
+        with w.lock:
+            waiting, w.reply = w.reply, None
+        if waiting is not None:
+            waiting(False, "unmounted", {})
+        mountpoint = self.cfg.mountpoint
+
+        def work() -> None:
+            err = unmount(mountpoint) if is_mounted(mountpoint) else ""
+            self.in_loop(reply, not err, err)
+        self.in_thread(work)
+
+    # -- the replica catalog's calls ---------------------------------------------
+    def scan(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+        """A page of this node's export for the head's replica catalog."""
+        from sshfsmux.gmount import export_scan
+        export = self.cfg.export
+
+        def work() -> None:
+            try:
+                files, more = export_scan.scan_page(export, int(args.get("offset") or 0))
+            except Exception as e:
+                self.in_loop(reply, False, "cannot scan %s: %s" % (export, e))
+                return
+            self.in_loop(reply, True, "", {"files": files, "more": more})
+        self.in_thread(work)
+
+    def in_export(self, path: str) -> bool:
+        """A name of the mount is in this node's export (no peer asked)."""
+        return os.path.lexists(os.path.join(self.cfg.export, path.lstrip("/")))
+
+    def changed(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+        """Files (relative to the mount's root) another node or this one just
+        wrote: drop this mount's kernel caches for them and, with "describe",
+        say what this node's export holds of them. Answered once done, so the
+        head can hold make's exit status until every mount has acted."""
+        from sshfsmux.gmount import export_scan
+        rels = [str(p) for p in args.get("paths") or []]
+
+        def work() -> None:
+            try:
+                files = export_scan.describe(self.cfg.export, rels) if args.get("describe") else []
+                kc = self.kcache
+                paths = ["/" + r.lstrip("/") for r in rels]
+                fs = self.fs
+                if fs is not None:
+                    fs.forget_access(paths)
+                dropped = kc.invalidate_paths(paths, exists=self.in_export) if kc else 0
+            except Exception as e:
+                self.in_loop(reply, False, "cannot act on changed files: %s" % e)
+                return
+            self.in_loop(reply, True, "", {"files": files, "invalidated": dropped})
+        self.in_thread(work)
+
+    def adopt(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+        """A complete, verified copy of a file of the mount (a transfer the head
+        planned before a recipe runs here) sits at `file` in the replica store's
+        directory: make it the replica the mount reads that file from (keyed by
+        the first branch holding it, at the version that export has now), so reading it
+        through the mount moves no data. Answers {"kept": "store"|"local"}."""
+        rel = "/" + str(args.get("path") or "").lstrip("/")
+        file = str(args.get("file") or "")
+
+        def work() -> None:
+            try:
+                kept = self._adopt(rel, file)
+            except Exception as e:
+                try:
+                    os.unlink(file)
+                except OSError:
+                    pass
+                self.in_loop(reply, False, "cannot adopt %s: %s"
+                             % (rel, getattr(e, "strerror", None) or e))
+                return
+            self.in_loop(reply, True, "", {"kept": kept})
+        self.in_thread(work)
+
+    def _adopt(self, rel: str, file: str) -> str:
+        if os.path.dirname(os.path.abspath(file)) != self.cache_dir:
+            raise ValueError("not in the replica store")
+        fs = self.fs
+        if fs is None:
+            raise ValueError("not mounted")
+        v = fs.file_view(rel)
+        if v.is_dir:
+            raise ValueError("a directory")
+        if any(b.local for b, _ in v.replicas):
+            os.unlink(file)         # this host's export holds it already
+            return "local"
+        # keyed by the branch the merged tree reads the file from
+        # (merged_fs._reader: the first holder, with no local one)
+        cands = [b for b, _ in v.replicas if hasattr(b, "adopt")]
+        if not cands or cands[0].adopt(rel, file) is None:
+            raise ValueError("the copy does not match the file's current version")
+        return "store"
+
+    def pin_replicas(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+        """The head pins (or unpins) a recipe's inputs for the recipe's life:
+        their replicas here are not evicted meanwhile (replica_cache.py)."""
+        from sshfsmux.direct.branch import DirectBranch
+        fs, cache = self.fs, self.cache
+        if fs is None or cache is None:
+            reply(False, "not mounted", {})
+            return
+        # keyed as DirectBranch.adopt and its reads key them: branch and wire path ("a/b")
+        rels = [str(p).strip("/") for p in args.get("paths") or []]
+        keys = [b.replica_key(r) for r in rels for b in fs.branches if isinstance(b, DirectBranch)]
+        (cache.pin if args.get("pin") else cache.unpin)(keys)
+        reply(True, "", {})
+
+    def drop_peers(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+        """Peers the head saw lost: their files leave the merged tree at once
+        (make then rebuilds what only they held) instead of failing with EIO
+        on every access. The list is replaced whole: a lookup under way keeps
+        the list it started with."""
+        gone = set(str(n) for n in args.get("nodes") or [])
+        fs = self.fs
+        if fs is not None:
+            fs.branches = [b for b in fs.branches if b.local or b.node not in gone]
+        reply(True, "", {})
+
+    # -- changes made through the mount (ChangesWaiting) ------------------------
+    def changes(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+        w = self.changes_waiting
+        with w.lock:
+            old, w.reply = w.reply, reply
+        if old is not None:
+            old(False, "superseded", {})
+        self._arm()
+
+    def _on_change(self, path: str) -> None:      # a FUSE thread
+        w = self.changes_waiting
+        with w.lock:
+            if len(w.paths) < MAX_PENDING:
+                w.paths.add(path)
+        self.node.loop.call_soon_threadsafe(self._arm)
+
+    def _arm(self) -> None:
+        w = self.changes_waiting
+        with w.lock:
+            if w.armed or w.reply is None or not w.paths:
+                return
+            w.armed = True
+        self.node.loop.call_later(COALESCE, self._flush_changes)
+
+    def _flush_changes(self) -> None:
+        w = self.changes_waiting
+        with w.lock:
+            w.armed = False
+            reply, paths = w.reply, w.paths
+            if reply is None or not paths:
+                return
+            w.reply, w.paths = None, set()
+        every = sorted(p.lstrip("/") for p in paths)
+        rels = every[:CHANGES_PAGE]
+        if len(every) > CHANGES_PAGE:     # the rest go with the next answer
+            with w.lock:
+                w.paths.update("/" + r for r in every[CHANGES_PAGE:])
+
+        def work() -> None:
+            copies, gone = copies_of(self.fs, rels)
+            self.in_loop(reply, True, "", {"copies": copies, "gone": gone})
+        # the merged view asks the peers: not on the node's loop
+        self.in_thread(work)
+
+    # -- the node's lifetime ------------------------------------------------------
+    def stop(self) -> None:
+        self.stopping = True
+        self.go.set()
+        self.settled.set()
+        if is_mounted(self.cfg.mountpoint):
+            unmount(self.cfg.mountpoint)
+        self.server.close()
+        super().stop()
+
+    def runner(self) -> None:
+        """The main thread's work: FUSE serves the mount until it is unmounted."""
+        from sshfsmux.fs import merged_fs
+        self.go.wait()
+        if self.stopping or self.fs is None:
+            return
+        try:
+            extra = dict(allow_other=True, default_permissions=True) if self.cfg.allow_other else {}
+            merged_fs.run_fuse(self.fs, self.cfg.mountpoint, foreground=True, **extra)
+        except Exception as e:
+            self.error = "cannot mount %s: %s" % (self.cfg.mountpoint, e)
+        finally:
+            self.settled.set()
+
+
+def start(node: "Any", config: "Dict[str, Any]"
+          ) -> "Tuple[Dict[str, Any], Callable[[], None], GMountNode]":
+    """The role's entry point: what the head learns, the runner that takes the
+    main thread, and the node side the agent hosts (its calls; it stops with
+    the node)."""
+    gmount = GMountNode(node, config)
+    return gmount.info(), gmount.runner, gmount

@@ -1,0 +1,1 @@
+"""Branches over SFTP against a stock sshd."""

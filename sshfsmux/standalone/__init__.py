@@ -1,0 +1,1 @@
+"""sshfsm: the merged mount as a command of its own."""
