@@ -107,3 +107,14 @@ class NodeSide:
             return
         if src == wire.HEAD or spec.peers:
             spec.handler(src, body)
+
+
+def describe_error(e: BaseException) -> str:
+    """One line in the user's words: the message a ValueError or OSError
+    carries, never a class name; anything else is a bug and says so."""
+    if isinstance(e, OSError) and e.strerror:
+        return "%s: %s" % (e.filename, e.strerror) if e.filename else e.strerror
+    text = (str(e).strip().splitlines() or [""])[0]
+    if isinstance(e, ValueError) and text:
+        return text
+    return "internal error: %s" % (text or "no detail")

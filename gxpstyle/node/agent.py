@@ -22,6 +22,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
     from typing import Any, Callable, Dict, List, Optional, Tuple
     from gxpstyle.launch import child_bootstrap
+from gxpstyle.api.node_side import describe_error
 from gxpstyle.launch.batch_start import BatchStarts
 from gxpstyle.transport.event_loop import EventLoop
 from gxpstyle.node.job_runner import JobRunner
@@ -577,17 +578,6 @@ def usable_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def describe_error(e: BaseException) -> str:
-    """One line in the user's words: the message a ValueError or OSError
-    carries, never a class name; anything else is a bug and says so."""
-    if isinstance(e, OSError) and e.strerror:
-        return "%s: %s" % (e.filename, e.strerror) if e.filename else e.strerror
-    text = (str(e).strip().splitlines() or [""])[0]
-    if isinstance(e, ValueError) and text:
-        return text
-    return "internal error: %s" % (text or "no detail")
 
 
 def _role_module(name: str, core: bool = False) -> Any:
