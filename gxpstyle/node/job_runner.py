@@ -234,8 +234,7 @@ class JobRunner:
             return
         env = self._env(msg["env"], base)
         cwd = msg["cwd"] or env.get("HOME") or "/"
-        if self.watchdog.wfd is None:
-            self.watchdog._start()
+        self.start_watchdog()
         try:
             proc = self.spawner.spawn(msg["cmd"], cwd, env, bool(msg["stdin"]))
         except OSError as e:
@@ -249,6 +248,12 @@ class JobRunner:
         self.loop.watch_child(proc.pid, lambda: self._child_event(job))
         self._set_reading(job)
         self._check_lingering()
+
+    def start_watchdog(self) -> None:
+        """Before the first job (an agent starts it once it is up, so that the
+        first `gxpc e` after explore pays no process start per node)."""
+        if self.watchdog.wfd is None:
+            self.watchdog._start()
 
     def _env(self, changes: Dict[str, Optional[str]], base: Optional[int] = None) -> Dict[str, str]:
         key = (base, frozenset(changes.items()))
