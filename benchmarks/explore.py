@@ -24,11 +24,16 @@ What it does:
   For 32 hosts also deeper trees: rules `use ssh head 'tb*'` and
   `use ssh 'tb*' 'tb*'`, explore with the default fan-out 8 (depth 2) and with
   `--fanout 4` (depth 3), to show how the time grows with depth.
-* For N = 64 and 256 local agents: `gxpc explore --local N` and `gxpc e true`;
-  anchors: N × `python3 -c pass` sequentially and all at once (the bare cost of
-  starting the interpreter), and N × `sh -c true` at once (for `e true`).
+* For N = 64, 256 and 1,000 local agents: `gxpc explore --local N` and `gxpc e
+  true` (the first after explore apart from the later ones); anchors: N ×
+  `python3 -c pass` sequentially and all at once (the bare cost of starting
+  the interpreter), and N × `sh -c true` at once (for `e true`). For each, the
+  head's cost per node: its RSS after explore less its RSS before, per node;
+  its CPU while exploring, per node; its CPU while the N agents sit idle
+  (IDLE_S seconds after explore: no per-node timers means about zero); its
+  CPU per `e true`.
 * Medians over --reps (default 3) repetitions; `e true` over all its runs.
-  --quick: one rep, no 256.
+  --quick: one rep, no 256 (1,000 stays: it is the issue's case).
 
 Prints a table (case, anchor, anchor median, ours median, ratio ours/anchor) and
 checks the goal of the issue: "explore 32 hosts in under 3 s, growing with tree
@@ -53,10 +58,12 @@ from bench_harness import (Bench, BenchError, cpu_busy, log, main_driver, proc_c
 
 N_HOSTS = 32
 HOST_CASES = (8, 16, 32)
-LOCAL_CASES = (64, 256)
+LOCAL_CASES = (64, 256, 1000)
 E_RUNS = 5             # `gxpc e true` runs per session
+IDLE_S = 5.0           # seconds the head's CPU is watched with every agent idle
 GOAL_S = 3.0           # explore 32 hosts in under 3 s
-CALL_TIMEOUT = 180     # seconds for any single command
+CALL_TIMEOUT = 600     # seconds for any single command (1,000 agents on a busy machine)
+LOCAL_GIB = {1000: 16}  # free memory a local case needs (an agent holds ~12 MiB)
 
 # Runs as the bench user, so the anchors pay the same setpriv/env as gxpc does.
 # Times itself (the interpreter start of this helper is not counted).
@@ -156,6 +163,7 @@ class ExploreBench(Bench):
             self.add(case + " session start", dt)
             for rule in rules[1:]:
                 self.gxpc("use", *rule)
+            head = _HeadWatch(self)
             dt, r = self.timed(case + " explore", lambda: self.gxpc("explore", *explore_args))
             self.add(case + " explore", dt)
             # CPU each agent spent so far (its start-up: it has been idle since).
@@ -173,9 +181,11 @@ class ExploreBench(Bench):
             self.info[case + " nodes"] = up
             dt, _ = self.gxpc("stat")
             self.add(case + " stat", dt)
-            for _ in range(E_RUNS):
+            head.explored(case, want_nodes - 1)
+            for i in range(E_RUNS):
                 dt, r = self.gxpc("e", "true")
-                self.add(case + " e", dt)
+                self.add(case + (" e first" if i == 0 else " e"), dt)
+            head.ran(case, E_RUNS)
         finally:
             self.close_session(case + " quit")
 
@@ -199,7 +209,11 @@ class ExploreBench(Bench):
 
     def rep_local(self, rep: int) -> None:
         for n in LOCAL_CASES:
-            if self.quick and n > 64:
+            if self.quick and n == 256:
+                continue
+            if _free_gib() < LOCAL_GIB.get(n, 0):
+                self.odd.append("local%d skipped: needs %d GiB of free memory, %.1f free"
+                                % (n, LOCAL_GIB[n], _free_gib()))
                 continue
             case = "local%d" % n
             self.anchor("seq", "py", [n], case + " py seq")
@@ -253,6 +267,7 @@ class ExploreBench(Bench):
             label = "local %d (depth %s)" % (n, self.info.get(c + " depth", "?"))
             row(label + " explore", "python3 start seq", c + " py seq", c + " explore")
             row(label + " explore", "python3 start par", c + " py par", c + " explore")
+            row(label + " first e true", "sh -c true par", c + " sh par", c + " e first")
             row(label + " e true", "sh -c true par", c + " sh par", c + " e")
         return rows
 
@@ -286,6 +301,14 @@ class ExploreBench(Bench):
                        "processes gone %.3fs after quit"
                        % ("", self.med(c + " session start") or 0, self.med(c + " stat") or 0,
                           self.med(c + " quit") or 0, self.med(c + " quit drained") or 0))
+        for n in LOCAL_CASES:
+            c = "local%d" % n
+            if c + " head rss KiB/node" not in self.samples:
+                continue
+            out.append("  %-9s head per node: RSS %.1f KiB, CPU %.2f ms while exploring; head CPU "
+                       "with every agent idle %.2f%% of a core; head CPU per `e true` %.1f ms"
+                       % (c, self.med(c + " head rss KiB/node"), self.med(c + " head explore ms/node"),
+                          self.med(c + " head idle %"), self.med(c + " head ms/e")))
         out.append("  reps %d; `e true` runs per session %d; anchors time themselves inside one helper "
                    "process run as the user" % (self.reps, E_RUNS))
         out.append("")
@@ -327,6 +350,54 @@ class ExploreBench(Bench):
         out += self.noticed_lines()
         print("\n".join(out))
         return holds
+
+
+class _HeadWatch:
+    """The session daemon's RSS and CPU (from /proc) around explore and `e`."""
+
+    def __init__(self, bench: ExploreBench) -> None:
+        self.bench = bench
+        self.pid = self._head_pid()
+        self.rss0, self.cpu0 = _rss_kib(self.pid), proc_cpu(self.pid)
+        self.cpu_idle = None
+
+    def _head_pid(self) -> int:
+        _, r = self.bench.gxpc("stat")
+        line = r.stdout.splitlines()[1]          # node 0, the head
+        return int(line.split("pid=")[1].split()[0])
+
+    def explored(self, case: str, nodes: int) -> None:
+        rss1, cpu1 = _rss_kib(self.pid), proc_cpu(self.pid)
+        time.sleep(IDLE_S)
+        self.cpu_idle = proc_cpu(self.pid)
+        if None in (self.rss0, self.cpu0, rss1, cpu1, self.cpu_idle):
+            return
+        b = self.bench
+        b.add(case + " head rss KiB/node", (rss1 - self.rss0) / nodes)
+        b.add(case + " head explore ms/node", 1000 * (cpu1 - self.cpu0) / nodes)
+        b.add(case + " head idle %", 100 * (self.cpu_idle - cpu1) / IDLE_S)
+
+    def ran(self, case: str, runs: int) -> None:
+        cpu = proc_cpu(self.pid)
+        if cpu is not None and self.cpu_idle is not None:
+            self.bench.add(case + " head ms/e", 1000 * (cpu - self.cpu_idle) / runs)
+
+
+def _free_gib() -> float:
+    with open("/proc/meminfo") as f:
+        kib = int(f.read().split("MemAvailable:")[1].split()[0])
+    return kib / (1 << 20)
+
+
+def _rss_kib(pid: int) -> "float | None":
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 def main(argv=None) -> int:

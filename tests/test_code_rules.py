@@ -54,8 +54,10 @@ TIMED_WAITS_ALLOWED: Dict[str, str] = {
 }
 
 # sleep() in any spelling, in Python or in the C and Python sources the
-# modules carry as strings
-_SLEEP = re.compile(r"(?<![\w.])(?:time\.|_time\.)?(?:u|nano)?sleep\s*\(")
+# modules carry as strings; and the shell's `sleep N` where a command starts
+# (the job watchdog is a shell script)
+_SLEEP = re.compile(r"(?<![\w.])(?:time\.|_time\.)?(?:u|nano)?sleep\s*\("
+                    r"|(?:^|;|\bdo|\bthen)\s*sleep\s+[0-9.]")
 
 
 def _modules() -> Iterator[Tuple[str, str]]:
@@ -172,7 +174,8 @@ def test_the_check_finds_a_new_sleep(tmp_path):
     calls = [_timed_call(n) for n in ast.walk(tree) if isinstance(n, ast.Call)]
     assert sorted(c.split("(")[0] for c in calls if c) == ["call_later", "poll", "select", "wait"]
     assert len([line for line in src.splitlines() if _SLEEP.search(line)]) == 1
-    assert _SLEEP.search("usleep(pause);") and not _SLEEP.search("sleep 1000 &")
+    assert _SLEEP.search("usleep(pause);") and not _SLEEP.search("echo sleep 1000 &")
+    assert _SLEEP.search("while true; do sleep 0.05; done") and _SLEEP.search("  sleep 1")
 
 
 def _sizes() -> Tuple[List[str], List[str]]:

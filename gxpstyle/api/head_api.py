@@ -83,6 +83,14 @@ class HeadAPI(Protocol):
                   base_for: Optional[Callable[[str], Tuple[Any, Env]]] = None) -> None:
         """Run `cmd` on `nodes`; output goes to `client` ("0": the head, and the
         exit to this service's job_done)."""
+    def start_tree_job(self, client: str, job: int, nodes: List[str], cmd: str, env: Env,
+                       env_of: Callable[[str, int], Env], cwd: Optional[str],
+                       head_cwd: Optional[str], stdin: bool = False, fold: bool = False) -> None:
+        """Run `cmd` on `nodes` along the tree: the head sends one message per
+        child, the agents pass it down and fold the exit statuses (with `fold`,
+        identical output too) back up. Each node gets `env` and what
+        env_of(node, index) adds; the head runs in `head_cwd`, the others in
+        `cwd`. Output that is not folded streams to `client` as start_job's."""
     def kill_job(self, client: str, job: int, sig: int) -> None: ...
     def running_on(self, client: str, job: int) -> List[str]: ...
 

@@ -219,6 +219,10 @@ class Client:
             self.ack_output(src, msg["job"], len(msg["data"]))
         elif op == "exit":
             self.unacked.pop((src, msg["job"]), None)
+        elif op == "exits":          # a job's nodes that ended, folded along the tree
+            for g in msg["groups"]:
+                for nid in g["nodes"]:
+                    self.unacked.pop((nid, msg["job"]), None)
         return src, msg
 
     def ack_output(self, src: str, job: int, nbytes: int) -> None:

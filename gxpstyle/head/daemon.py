@@ -21,7 +21,8 @@ from gxpstyle.config import hostpattern, use_rules
 from gxpstyle.api import node_side, services
 from gxpstyle.head import session
 from gxpstyle.protocol import wire
-from gxpstyle.node.agent import Node, remove_node_dirs, usable_cpus
+from gxpstyle.node.agent import Node, usable_cpus
+from gxpstyle.node.node_dirs import remove_node_dirs
 from gxpstyle.bcast.service import BcastService
 from gxpstyle.head.client_links import ClientBudget, ClientLink
 from gxpstyle.shell.service import ExecService
@@ -363,6 +364,10 @@ class Head(Node):
 
     def op_done(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         self.job_table.done(src, msg["client"], msg["job"], msg["status"], msg["error"])
+
+    def op_exec_report(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        if src in self.children:       # a child speaks for its own subtree only
+            self.job_table.report(src, msg)
 
     def op_out(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         self.job_table.output(src, msg["job"], msg["data"])

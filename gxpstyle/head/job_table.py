@@ -22,6 +22,7 @@ class JobRecord:
     client: str
     nodes: Dict[str, Optional[int]]      # node id -> exit status, None while running
     output: bytearray = field(default_factory=bytearray)   # the head's own jobs only
+    left: int = 0                        # nodes still running
 
 
 MAX_INTERNAL_OUTPUT = 64 << 10
@@ -82,15 +83,69 @@ class JobTable:
         (a make's recipes share one: it is not sent with every recipe)."""
         if not nodes:
             return
-        self.jobs[(client, job)] = JobRecord(owner, client, {n: None for n in nodes})
+        self.jobs[(client, job)] = JobRecord(owner, client, {n: None for n in nodes}, left=len(nodes))
         for idx, nid in enumerate(nodes):
             msg = {"op": "exec", "job": job, "cmd": cmd, "cwd": cwd_for(nid),
                    "env": env_for(nid, idx), "stdin": stdin, "notify": True}
             if base_for is not None:
                 self._with_base(msg, nid, *base_for(nid))
             self.head.route_frame(nid, wire.encode_frame(nid, client, msg), None)
+        self._release_held(client, job)
+
+    def _release_held(self, client: str, job: int) -> None:
         for dst, frame in self.announced.pop((client, job), []):
             self.head.route_frame(dst, frame, None)
+
+    def start_tree(self, owner: Service, client: str, job: int, nodes: List[str], cmd: str,
+                   env: Dict[str, Optional[str]], env_of: Callable[[str, int], Dict[str, Optional[str]]],
+                   cwd: Optional[str], head_cwd: Optional[str], stdin: bool = False,
+                   fold: bool = False) -> None:
+        """Start job `job` on `nodes` along the tree (node/tree_exec.py): one
+        `exec_tree` per child of the head, naming the targets of its subtree
+        with what env_of(node, index) adds to `env` for each; the nodes' exit
+        statuses come back folded (`exec_report`). The head's own share runs
+        as a lone exec (in `head_cwd`); the others in `cwd`."""
+        if not nodes:
+            return
+        self.jobs[(client, job)] = JobRecord(owner, client, {n: None for n in nodes}, left=len(nodes))
+        below: Dict[str, Dict[str, Dict[str, Optional[str]]]] = {}
+        for idx, nid in enumerate(nodes):
+            if nid == wire.HEAD:
+                mine = dict(env)
+                mine.update(env_of(nid, idx))
+                msg = {"op": "exec", "job": job, "cmd": cmd, "cwd": head_cwd, "env": mine,
+                       "stdin": stdin, "notify": True}
+                self.head.route_frame(nid, wire.encode_frame(nid, client, msg), None)
+            else:
+                top = wire.HEAD + "." + nid.split(".", 2)[1]
+                below.setdefault(top, {})[nid] = env_of(nid, idx)
+        for top, targets in below.items():
+            if top not in self.head.children:
+                self.report(top, {"client": client, "job": job, "groups": [
+                    {"status": 255, "error": "node %s is not reachable" % top, "nodes": list(targets)}]})
+                continue
+            msg = {"op": "exec_tree", "job": job, "cmd": cmd, "cwd": cwd, "env": env, "stdin": stdin,
+                   "fold": fold, "targets": targets}
+            self.head.route_frame(top, wire.encode_frame(top, client, msg), None)
+        self._release_held(client, job)
+
+    def report(self, src: str, msg: Dict[str, Any]) -> None:
+        """Exit statuses of a subtree's nodes (from the child `src` of the
+        head), folded: booked here, and passed to the client in one message."""
+        client, job = msg["client"], msg["job"]
+        rec = self.jobs.get((client, job))
+        if rec is None:
+            return
+        told = []
+        for g in msg["groups"]:
+            nodes = [n for n in g["nodes"] if wire.is_descendant(n, src) and rec.nodes.get(n, 0) is None]
+            if not nodes:
+                continue
+            for nid in nodes:
+                self.done(nid, client, job, g["status"], g["error"])
+            told.append(dict(g, nodes=nodes))
+        if told and client != wire.HEAD:
+            self.head.deliver_to_client(client, wire.HEAD, {"op": "exits", "job": job, "groups": told})
 
     def _with_base(self, msg: Dict[str, Any], nid: str, key: Any,
                    env: Dict[str, Optional[str]]) -> None:
@@ -110,7 +165,8 @@ class JobTable:
         if rec is None or rec.nodes.get(node, 0) is not None:
             return
         rec.nodes[node] = status
-        if all(v is not None for v in rec.nodes.values()):
+        rec.left -= 1
+        if rec.left == 0:
             del self.jobs[(client, job)]
         if client == wire.HEAD and status != 0 and not error:
             lines = bytes(rec.output).decode("utf-8", "replace").strip().splitlines()

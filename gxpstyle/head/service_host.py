@@ -103,6 +103,12 @@ class ServiceHost:
         self._head.job_table.start(self.owner, client, job, nodes, cmd, env_for, cwd_for,
                                    stdin=stdin, base_for=base_for)
 
+    def start_tree_job(self, client: str, job: int, nodes: List[str], cmd: str, env: Env,
+                       env_of: Callable[[str, int], Env], cwd: Optional[str],
+                       head_cwd: Optional[str], stdin: bool = False, fold: bool = False) -> None:
+        self._head.job_table.start_tree(self.owner, client, job, nodes, cmd, env, env_of, cwd,
+                                        head_cwd, stdin=stdin, fold=fold)
+
     def kill_job(self, client: str, job: int, sig: int) -> None:
         self._head.job_table.kill(client, job, sig)
 

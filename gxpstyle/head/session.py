@@ -100,7 +100,7 @@ def remove_dead_session(path: str) -> "List[str]":
     host: its socket, its log, its directory, and the per-session directories
     of its agents here (TLS files, replicas), which died with it. Removes them
     and returns their paths. Only the caller's own entries are touched."""
-    from gxpstyle.node.agent import remove_node_dirs
+    from gxpstyle.node.node_dirs import remove_node_dirs
     removed = remove_node_dirs(session_name(path))
     for name in (SOCKET_NAME, LOG_NAME):
         try:

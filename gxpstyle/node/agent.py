@@ -20,12 +20,14 @@ from gxpstyle.protocol import wire
 # where used: most agents are leaves, and every import here delays `ready`.
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
-    from typing import Any, Callable, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, Optional, Tuple
     from gxpstyle.launch import child_bootstrap
 from gxpstyle.api.node_side import describe_error
 from gxpstyle.launch.batch_start import BatchStarts
 from gxpstyle.transport.event_loop import EventLoop
 from gxpstyle.node.job_runner import JobRunner
+from gxpstyle.node.node_dirs import node_dir_prefix, remove_node_dirs
+from gxpstyle.node.tree_exec import TreeJobs
 from gxpstyle.transport.links import Link, frame_with_prefix
 
 QUIT_GRACE = 3.0
@@ -57,6 +59,7 @@ class Node:
         self.starting: Dict[str, "child_bootstrap.ChildStart"] = {}
         self.started: Dict[str, "child_bootstrap.ChildStart"] = {}
         self.jobs = JobRunner(self.loop, self.id, self._job_send, self.backlog)
+        self.trees = TreeJobs(self)     # shares of commands sent along the tree (tree_exec.py)
         self.notify_jobs: set = set()   # (requester, job) whose end the head wants to hear
         self.session_dir: Optional[str] = None
         self.batch = BatchStarts(self)
@@ -76,6 +79,8 @@ class Node:
         """What the job runner says goes to the job's requester; a job's end
         goes to the head too when the exec asked (`notify`): the head keeps its
         books from that, without decoding the client's output frames."""
+        if self.trees.intercept(dst, msg):
+            return
         # `done` first: both go up the same links, so the head has booked the
         # end before the client can see `exit` and ask (`gxpc smask`) about it.
         if msg["op"] == "exit" and (dst, msg["job"]) in self.notify_jobs:
@@ -210,6 +215,7 @@ class Node:
 
     def child_lost(self, child: str, why: str) -> None:
         self.send(wire.HEAD, {"op": "lost", "ids": [child], "reason": why})
+        self.trees.child_lost(child)     # after `lost`: the head answers for its subtree
 
     def child_stderr(self, child: str, data: bytes) -> None:
         for line in data.decode("utf-8", "replace").splitlines()[:20]:
@@ -290,6 +296,12 @@ class Node:
         if msg.get("notify"):
             self.notify_jobs.add((src, msg["job"]))
         self.jobs.start(src, msg)
+
+    def op_exec_tree(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        self.trees.start(src, msg)
+
+    def op_exec_report(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        self.trees.report(src, msg)
 
     def op_stdin(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         self.jobs.write_stdin(src, msg)
@@ -526,6 +538,8 @@ def main(fds: Tuple[int, int]) -> None:
         except Exception as e:
             ready["service"] = {"error": describe_error(e)}
     node.send(parent_id, ready)
+    if not role:
+        node.loop.at_end(node.jobs.start_watchdog)     # after `ready` has gone
     if runner is not None:
         import threading
         loop_thread = threading.Thread(target=node.loop.run, daemon=True)
@@ -538,37 +552,6 @@ def main(fds: Tuple[int, int]) -> None:
     else:
         node.loop.run()
     os._exit(node.exit_code)
-
-
-def node_dir_prefix(session: str, node_id: str) -> str:
-    """The start of a node's per-session directory name: `gxp-SESSION-0_1_3-`."""
-    return "gxp-%s-%s-" % (session[:12], node_id.replace(".", "_"))
-
-
-def remove_node_dirs(session: str, node_id: "Optional[str]" = None) -> "List[str]":
-    """Remove the per-session directories on this host of node `node_id` and
-    its subtree (of every node of the session when None), if they are ours."""
-    import glob
-    import shutil
-    import stat
-    start = "gxp-%s-" % session[:12]
-    if node_id is not None:
-        mine = node_dir_prefix(session, node_id)
-        under = mine[:-1] + "_"
-    removed = []
-    for base in {os.environ.get("TMPDIR") or "/tmp", "/tmp"}:
-        for d in glob.glob(os.path.join(glob.escape(base), glob.escape(start) + "*")):
-            name = os.path.basename(d)
-            if node_id is not None and not (name.startswith(mine) or name.startswith(under)):
-                continue
-            try:
-                st = os.lstat(d)
-            except OSError:
-                continue
-            if st.st_uid == os.getuid() and stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(d, ignore_errors=True)
-                removed.append(d)
-    return removed
 
 
 def usable_cpus() -> int:

@@ -31,16 +31,14 @@ from __future__ import annotations
 import collections
 import os
 import signal
-import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
     from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
-    import subprocess
     from gxpstyle.node.job_spawn import Spawned
 
 from gxpstyle.transport.event_loop import EventLoop
-from gxpstyle.node.job_spawn import ShellSpawner
+from gxpstyle.node.job_spawn import ShellSpawner, close_inherited
 
 READ_SIZE = 64 << 10
 ENV_BASES = 32              # environments a node keeps for `base` (JobTable.start mirrors it)
@@ -49,52 +47,30 @@ STDIN_ACK_EVERY = 128 << 10
 KILL_GRACE = 1.0            # SIGTERM, then SIGKILL after this long
 
 
-# The watchdog runs as its own program (`python3 -I -S -c`), in its own session
-# so that a kill of our process group spares it. Lines on stdin: "+PGID" (a
-# job started), "-PGID" (its group is empty). On EOF: SIGTERM every group left,
-# SIGKILL after a grace.
-WATCHDOG_SOURCE = r"""
-import os, signal, time
-groups = set()
-buf = b""
-while True:
-    try:
-        data = os.read(0, 4096)
-    except InterruptedError:
-        continue
-    except OSError:
-        data = b""
-    if not data:
-        break
-    buf += data
-    lines = buf.split(b"\n")
-    buf = lines.pop()
-    for line in lines:
-        try:
-            pgid = int(line[1:])
-        except ValueError:
-            continue
-        if line[:1] == b"+" and pgid > 1:
-            groups.add(pgid)
-        elif line[:1] == b"-":
-            groups.discard(pgid)
-def signal_all(sig):
-    alive = set()
-    for g in groups:
-        try:
-            os.killpg(g, sig)
-            alive.add(g)
-        except OSError:
-            pass
-    return alive
-groups = signal_all(signal.SIGTERM)
-signal_all(signal.SIGCONT)
-deadline = time.monotonic() + %(grace)r
-while groups and time.monotonic() < deadline:
-    time.sleep(0.05)
-    groups = signal_all(0)
-signal_all(signal.SIGKILL)
-""" % {"grace": KILL_GRACE}
+# The watchdog runs as its own program, a POSIX shell script (a shell starts in
+# a fraction of a millisecond; a Python watchdog cost each node as much CPU as
+# its own start, paid by a thousand agents at their first `gxpc e`, issue 27),
+# in its own session so that a kill of our process group spares it. Lines on
+# stdin: "+PGID" (a job started), "-PGID" (its group is empty); anything but a
+# number over 1 is ignored (`kill -1` would reach every process of the user).
+# On EOF: SIGTERM every group left, SIGKILL after a grace.
+WATCHDOG_SOURCE = r"""cd / || exit 1
+g=" "
+while read -r l; do
+  p=${l#?}
+  case $p in ''|*[!0-9]*|0*|1) continue ;; esac
+  case $l in
+    +*) g="$g$p " ;;
+    -*) case $g in *" $p "*) g="${g%%" $p "*} ${g#*" $p "}" ;; esac ;;
+  esac
+done
+s() { a=" "; for p in $g; do kill -$1 -$p 2>/dev/null && a="$a$p "; done; g=$a; }
+s TERM
+for p in $g; do kill -CONT -$p 2>/dev/null; done
+n=0
+while [ "$g" != " " ] && [ $n -lt %(rounds)d ]; do sleep 0.05; n=$((n+1)); s 0; done
+s KILL
+""" % {"rounds": int(KILL_GRACE / 0.05)}
 
 
 class Watchdog:
@@ -102,7 +78,7 @@ class Watchdog:
 
     def __init__(self, later: Optional[Callable[[Callable[[], None]], None]] = None) -> None:
         self.wfd: Optional[int] = None
-        self.proc: Optional[subprocess.Popen] = None
+        self.pid: Optional[int] = None
         # "-PGID" lines wait for the end of the loop's round (`later`) or the
         # next "+": the watchdog wakes once a round, not twice a job. A "+"
         # is written at once, after them (a group must never go unguarded).
@@ -110,13 +86,21 @@ class Watchdog:
         self.forgotten = bytearray()
 
     def _start(self) -> bool:
-        import subprocess
         r, w = os.pipe()      # not inheritable: no job (and no child agent) holds the write end
+        argv = ["/bin/sh", "-c", WATCHDOG_SOURCE, "gxp-watchdog"]
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable or "python3", "-I", "-S", "-c", WATCHDOG_SOURCE, "gxp-watchdog"],
-                stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                cwd="/", start_new_session=True, close_fds=True)   # "/": never keeps a mount busy
+            if hasattr(os, "posix_spawn"):
+                close_inherited()     # the watchdog must hold no link of ours open
+                null = os.devnull
+                self.pid = os.posix_spawn("/bin/sh", argv, os.environ, setsid=True, file_actions=[
+                    (os.POSIX_SPAWN_DUP2, r, 0),
+                    (os.POSIX_SPAWN_OPEN, 1, null, os.O_WRONLY, 0),
+                    (os.POSIX_SPAWN_OPEN, 2, null, os.O_WRONLY, 0)])
+            else:
+                import subprocess
+                self.pid = subprocess.Popen(
+                    argv, stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    start_new_session=True, close_fds=True).pid
         except OSError:
             os.close(w)
             return False
@@ -166,9 +150,12 @@ class Watchdog:
             except OSError:
                 pass
             self.wfd = None
-        if self.proc is not None:
-            self.proc.poll()     # reap it if it is already gone
-            self.proc = None
+        if self.pid is not None:
+            try:
+                os.waitpid(self.pid, os.WNOHANG)     # reap it if it is already gone
+            except ChildProcessError:
+                pass
+            self.pid = None
 
 
 class Job:
@@ -247,8 +234,7 @@ class JobRunner:
             return
         env = self._env(msg["env"], base)
         cwd = msg["cwd"] or env.get("HOME") or "/"
-        if self.watchdog.wfd is None:
-            self.watchdog._start()
+        self.start_watchdog()
         try:
             proc = self.spawner.spawn(msg["cmd"], cwd, env, bool(msg["stdin"]))
         except OSError as e:
@@ -262,6 +248,12 @@ class JobRunner:
         self.loop.watch_child(proc.pid, lambda: self._child_event(job))
         self._set_reading(job)
         self._check_lingering()
+
+    def start_watchdog(self) -> None:
+        """Before the first job (an agent starts it once it is up, so that the
+        first `gxpc e` after explore pays no process start per node)."""
+        if self.watchdog.wfd is None:
+            self.watchdog._start()
 
     def _env(self, changes: Dict[str, Optional[str]], base: Optional[int] = None) -> Dict[str, str]:
         key = (base, frozenset(changes.items()))

@@ -66,7 +66,7 @@ _DEFAULT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFZ", "SIGX
 # directory around the call and back (to a descriptor of where it was), which
 # is safe only with no other thread (a role node's FUSE thread, a TLS relay):
 # then, and where posix_spawn is missing, subprocess.Popen. Every descriptor of
-# ours is close-on-exec (PEP 446, and _close_inherited for what we inherited),
+# ours is close-on-exec (PEP 446, and close_inherited for what we inherited),
 # so the job inherits none of them. (Comments, not docstrings: agents carry
 # this module's code, docstrings included, within a byte budget.)
 class ShellSpawner:
@@ -86,7 +86,7 @@ class ShellSpawner:
                 start_new_session=True, close_fds=True)
         if not self.checked:
             self.checked = True
-            _close_inherited()
+            close_inherited()
         if self.here is None:
             self.here = os.open(".", os.O_RDONLY)
         if self.null is None:
@@ -128,7 +128,7 @@ class ShellSpawner:
         self.here = self.null = None
 
 
-def _close_inherited() -> None:
+def close_inherited() -> None:
     # Close-on-exec for what this process inherited open across exec (Python
     # opens its own close-on-exec), so no job holds a link.
     try:

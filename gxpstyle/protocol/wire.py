@@ -121,6 +121,9 @@ CHANNEL = Rec({"name": Str(32, empty=False)}, {
     "ssh_options": _STRS, "batch_options": _STRS, "tag": Str(512),
     "role": Str(64), "role_module": Str(256), "role_config": _MAP,
 }, open=True)
+_ENV = MapOf(Opt(Str(1 << 20, nul=True)), 1 << 14)
+_GROUPS = ListOf(Rec({"status": Int(-(1 << 31), 1 << 31), "error": _TEXT,
+                      "nodes": ListOf(_ID, 1 << 20)}, {"out": Bytes(MAX_FRAME)}, open=True), 1 << 16)
 NODE_INFO = Rec(None, {"hostname": Str(1024), "pid": Int(0, 1 << 31), "python": Str(64),
                        "user": Str(256), "ncpu": Int(1, 1 << 20), "service": _MAP}, open=True)
 
@@ -147,10 +150,18 @@ SCHEMA: Dict[str, Rec] = {
     # keeps its books without decoding the client's output frames.
     # `base`: env is what differs from an environment the node keeps under
     # that id (job_runner.py), given once in `base_env` (JobTable.start)
-    "exec": Rec({"job": _JOB, "cmd": Str(1 << 20), "cwd": Opt(Str(4096)),
-                 "env": MapOf(Opt(Str(1 << 20, nul=True)), 1 << 14), "stdin": Bool()},
-                {"notify": Bool(), "base": _JOB,
-                 "base_env": MapOf(Opt(Str(1 << 20, nul=True)), 1 << 14)}, open=True),
+    "exec": Rec({"job": _JOB, "cmd": Str(1 << 20), "cwd": Opt(Str(4096)), "env": _ENV,
+                 "stdin": Bool()}, {"notify": Bool(), "base": _JOB, "base_env": _ENV}, open=True),
+    # a job along the tree (tree_exec.py): one message a child, naming every
+    # target of its subtree with what each adds to `env`; the subtree's exit
+    # statuses come back folded, as (status, error, nodes) groups (with
+    # `fold`, the output as well), up the tree to the head (`exec_report`),
+    # which tells the client (`exits`)
+    "exec_tree": Rec({"job": _JOB, "cmd": Str(1 << 20), "cwd": Opt(Str(4096)), "env": _ENV,
+                      "stdin": Bool(), "targets": MapOf(_ENV, 1 << 20, key=_ID)},
+                     {"fold": Bool()}, open=True),
+    "exec_report": Rec({"job": _JOB, "client": _ID, "groups": _GROUPS, "final": Bool()}, open=True),
+    "exits": Rec({"job": _JOB, "groups": _GROUPS}, open=True),
     "stdin": Rec({"job": _JOB, "data": Bytes(MAX_FRAME), "eof": Bool()}, open=True),
     "out": Rec({"job": _JOB, "fd": Choice(1, 2), "data": Bytes(MAX_FRAME)}, open=True),
     "exit": Rec({"job": _JOB, "status": Int(-(1 << 31), 1 << 31), "error": _TEXT}, open=True),

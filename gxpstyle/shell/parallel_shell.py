@@ -96,7 +96,8 @@ def run(c: Client, cmd: str, mask: Optional[str] = None, hosts: Optional[str] = 
     """Run `cmd` on the selected nodes of the session `c` is connected to; returns
     the exit status of `gxpc e` (0 all succeeded, 1 some failed, 2 refused, 130 Ctrl-C)."""
     cwd = os.getcwd() if os.path.isdir(os.getcwd()) else None
-    args: Dict[str, Any] = {"cmd": cmd, "mask": mask, "hosts": hosts, "stdin": stdin, "cwd": cwd, "env": {}}
+    args: Dict[str, Any] = {"cmd": cmd, "mask": mask, "hosts": hosts, "stdin": stdin, "cwd": cwd,
+                            "env": {}, "fold": fold}
     status, result = c.call("e", args)
     if status:
         error(result.get("error", "e failed"))
@@ -214,9 +215,14 @@ class _Shell:
         self.c.flush()
 
     def _handle(self, src: str, msg: Dict[str, Any]) -> None:
-        if msg.get("job") != self.job or src not in self.names:
+        if msg.get("job") != self.job:
             return
         op = msg["op"]
+        if op == "exits" and src == wire.HEAD:
+            self._exits(msg["groups"])
+            return
+        if src not in self.names:
+            return
         if op == "out":
             self.output.add(src, msg["fd"], msg["data"])
         elif op == "stdin_ack":
@@ -224,8 +230,23 @@ class _Shell:
             if msg["eof"]:
                 self.feeding.discard(src)
         elif op == "exit":
-            self.running.discard(src)
-            self.feeding.discard(src)
-            self.statuses[src] = msg["status"]
-            if msg["error"]:
-                self.errors[src] = msg["error"]
+            self._ended(src, msg["status"], msg["error"])
+
+    def _ended(self, nid: str, status: int, error: str) -> None:
+        self.running.discard(nid)
+        self.feeding.discard(nid)
+        self.statuses[nid] = status
+        if error:
+            self.errors[nid] = error
+
+    def _exits(self, groups: List[Dict[str, Any]]) -> None:
+        """Exit statuses the tree folded (node/tree_exec.py): (status, error,
+        nodes) groups, with the nodes' output when it was folded too (-b).
+        A node the head already answered for (lost) keeps that answer."""
+        for g in groups:
+            out = g.get("out")
+            for nid in g["nodes"]:
+                if nid in self.running:
+                    self._ended(nid, g["status"], g["error"])
+                    if out is not None and nid in self.output.folded:
+                        self.output.folded[nid] += out

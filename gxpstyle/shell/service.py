@@ -28,7 +28,7 @@ _ENV = MapOf(Opt(Str(1 << 20)), 1 << 14)
 
 E_ARGS = Rec({"cmd": Str(1 << 20, empty=False)},
              {"mask": Opt(_MASK), "hosts": Opt(Str(1 << 16)), "stdin": Bool(),
-              "cwd": Opt(Str(4096)), "env": _ENV})
+              "cwd": Opt(Str(4096)), "env": _ENV, "fold": Bool()})
 SELECT_ARGS = Rec(None, {"mask": Opt(_MASK), "hosts": Opt(Str(1 << 16))})
 
 
@@ -46,6 +46,7 @@ class ExecService(Service, Shell):
         super().__init__(head)
         self.last_status: Dict[str, int] = {}
         self.pending_status: Dict[int, Dict[str, int]] = {}
+        self.pending_count: Dict[int, int] = {}        # job -> nodes it runs on
         self.mask: Optional[Set[str]] = None
         self.saved: Dict[str, Set[str]] = {}           # saved masks by name
         self.dir: Optional[str] = None                 # `gxpc cd`
@@ -149,34 +150,33 @@ class ExecService(Service, Shell):
         names = {nid: self.head.name_of(nid) for nid in nodes}
         env = dict(self.exported)
         env.update(args.get("env") or {})
-        total = len(nodes)
+        env["GXP_NUM_EXECS"] = str(len(nodes))
 
-        def env_for(nid: str, idx: int) -> Dict[str, Optional[str]]:
-            e = dict(env)
-            e.update({"GXP_NODE_ID": nid, "GXP_EXEC_IDX": str(idx), "GXP_NUM_EXECS": str(total),
-                      "GXP_HOSTNAME": names[nid]})
-            return e
-
-        def cwd_for(nid: str) -> Optional[str]:
-            # `gxpc cd` wins; otherwise the head runs where the user is, and
-            # the other nodes in their home directory.
-            return self.dir or (args.get("cwd") if nid == wire.HEAD else None)
+        def env_of(nid: str, idx: int) -> Dict[str, Optional[str]]:
+            return {"GXP_NODE_ID": nid, "GXP_EXEC_IDX": str(idx), "GXP_HOSTNAME": names[nid]}
 
         # The reply (with the job id) must reach the client before any output:
-        # both travel on the same link, so reply first, then start.
+        # both travel on the same link, so reply first, then start. Along the
+        # tree: the head sends a message per child, not one per node, and
+        # hears the exit statuses folded (tree_exec.py). `gxpc cd` wins;
+        # otherwise the head runs where the user is, the others in their
+        # home directory.
         job = self.head.new_job()
         self.head.reply(cid, req, 0, {"job": job, "nodes": names})
         if nodes:
             self.pending_status[job] = {}
-        self.head.start_job(cid, job, nodes, args["cmd"], env_for, cwd_for,
-                            stdin=bool(args.get("stdin")))
+            self.pending_count[job] = len(nodes)
+        self.head.start_tree_job(cid, job, nodes, args["cmd"], env, env_of, self.dir,
+                                 self.dir or args.get("cwd"), stdin=bool(args.get("stdin")),
+                                 fold=bool(args.get("fold")))
 
     def job_done(self, client: str, job: int, node: str, status: int, error: str) -> None:
         got = self.pending_status.get(job)
         if got is None:
             return
         got[node] = status
-        if not self.head.running_on(client, job):
+        if len(got) >= self.pending_count[job]:
+            del self.pending_count[job]
             self.last_status = self.pending_status.pop(job)
 
 
