@@ -142,9 +142,11 @@ def test_payload_built_by_the_head_is_taken_only_for_our_interpreter():
 # between siblings (bcast/direct_links.py, a chain inside a site): 47.3 KB as source,
 # 148 KB precompiled. Then bcast's node side left the payload (the head pushes it
 # at a node's first transfer; most agents never host it): 43.5 KB as source,
-# 134.7 KB precompiled.
+# 134.7 KB precompiled. Then `e` along the tree (tree_exec.py: each agent runs its
+# share, passes the rest down and folds the statuses): 46.2 KB as source, 142.0 KB
+# precompiled.
 STAGE1_BUDGET = 1024
-PAYLOAD_BUDGET = {"source": 45 << 10, "precompiled": 138 << 10}
+PAYLOAD_BUDGET = {"source": 47 << 10, "precompiled": 142 << 10}
 
 
 def test_bootstrap_stays_within_its_byte_budget():
