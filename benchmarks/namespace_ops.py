@@ -48,6 +48,7 @@ import os
 import sys
 import uuid
 
+from bindfs_anchor import BindfsMount
 from bench_harness import Bench, BenchError, ensure_anchor, log, main_driver, ratio_text, value_text
 
 OPS = ("stat miss", "stat miss again", "create", "write", "chmod", "mkdir", "rm")
@@ -123,7 +124,7 @@ class NamespaceOps(Bench):
         self.top = "/var/tmp/" + self.tag
         self.dirs: dict = {}                # case -> directory the loop runs in
         self.sessions: dict = {}            # case -> (session, mountpoint) for GMount cases
-        self.bindfs_mnt = None
+        self.bindfs: "BindfsMount | None" = None
 
     # -- setup -------------------------------------------------------------------
     def setup(self) -> None:
@@ -138,8 +139,8 @@ class NamespaceOps(Bench):
         self.dirs["local"] = self.make_dir(os.path.join(self.top, "local"))
         src = self.make_dir(os.path.join(self.top, "bindfs-src"))
         mnt = self.make_dir("/tmp/%s-bindfs" % self.tag)
-        self.as_user(["bindfs", "--no-allow-other", src, mnt])
-        self.bindfs_mnt = self.dirs["bindfs"] = mnt
+        self.bindfs = BindfsMount(self, src, mnt)
+        self.dirs["bindfs"] = mnt
         for n in self.host_counts:
             self._gmount(n, names[:n])
 
@@ -183,9 +184,9 @@ class NamespaceOps(Bench):
 
     # -- clean-up ---------------------------------------------------------------------
     def release(self) -> None:
-        if self.bindfs_mnt:
-            self.guarded("unmounting bindfs", self.as_user, ["fusermount3", "-u", self.bindfs_mnt])
-            self.bindfs_mnt = None
+        if self.bindfs is not None:
+            self.guarded("unmounting bindfs", self.bindfs.unmount)
+            self.bindfs = None
         for case, (session, mnt) in list(self.sessions.items()):
             self.session = session
             if mnt:
@@ -207,14 +208,14 @@ class NamespaceOps(Bench):
         print("ms per operation on the head, median of %d reps of %d operations each; load average "
               "before %s, after %s" % (self.reps, self.ops, self.info["load before"],
                                        self.info["load after"]))
-        print("%-16s" % "operation" + "".join("%10s" % c for c in cols) + "".join("%15s" % r for r in ratios))
+        print("%-16s" % "operation" + "".join("%10s" % c for c in cols) + "".join("%16s" % r for r in ratios))
         verdicts = []
         for op in OPS:
             v = {c: self.med("%s %s" % (c, op)) for c in cols}
             row = "%-16s" % op + "".join("%10s" % value_text("%.3f", v[c]) for c in cols)
-            row += "".join("%15s" % ratio_text(v["bindfs"], v[c]) for c in gm)
+            row += "".join("%16s" % ratio_text(v["bindfs"], v[c]) for c in gm)
             if flat:
-                row += "%15s" % ratio_text(v[gm[0]], v[gm[-1]])
+                row += "%16s" % ratio_text(v[gm[0]], v[gm[-1]])
             print(row)
             for c in gm:
                 x = v[c] / v["bindfs"] if v["bindfs"] else float("inf")
