@@ -28,7 +28,10 @@ def _state(pid: int) -> str:
 
 
 def _namespaces_with(mnt: str) -> str:
-    """The mount namespaces (one process of each) that still have a mount at mnt."""
+    """The mount namespaces (one process of each, the first three) that still have
+    a mount at mnt: a namespace made while bindfs was mounted (another program's
+    `unshare --mount`, such as a concurrent test bed's hosts) holds a copy of the
+    mount, and bindfs serves it until that namespace goes."""
     seen: dict = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -42,7 +45,8 @@ def _namespaces_with(mnt: str) -> str:
                     seen[ns] = "%s %s" % (entry, proc_cmdline(int(entry))[:60])
         except OSError:
             continue
-    return "; ".join(sorted(seen.values())) or "none"
+    shown = sorted(seen.values())
+    return "%d namespaces (%s)" % (len(shown), "; ".join(shown[:3])) if shown else "none"
 
 
 class BindfsMount:
@@ -75,8 +79,9 @@ class BindfsMount:
         try:
             ended, _, _ = select.select([fd], [], [], EXIT_BOUND)
             if not ended:
-                self.bench.odd.append("bindfs (pid %d) still running %.0f s after its unmount (%s; mounted "
-                                      "at %s in the namespaces of: %s): killed" % (
+                self.bench.odd.append("bindfs (pid %d) still running %.0f s after its unmount (%s; %s "
+                                      "still mounted in %s, copied by mount namespaces made while it was "
+                                      "mounted): killed" % (
                                           self.pid, EXIT_BOUND, _state(self.pid), self.mnt,
                                           _namespaces_with(self.mnt)))
                 os.kill(self.pid, signal.SIGKILL)

@@ -35,7 +35,8 @@ What it does:
   --upto STEP stops each case after STEP; --cases picks cases. A step that runs
   past --timeout is interrupted (SIGINT to its process group, then SIGKILL) and
   reported as timed out; the later steps of that case are not run. A step that
-  fails is reported with its exit status and the end of its output.
+  fails is reported with its exit status, the tests that failed and the end of
+  its output; --logs DIR keeps every step's output and job log.
 * Counts, from `gxpc make --joblog`, the compiles (recipes of automake's C
   compile rule) and the hosts they ran on; and the tests make check reports (automake's summary).
 * Prints seconds per step and case, the ratios to local and to bindfs, the load
@@ -289,8 +290,12 @@ class RealProject(Bench):
             self.results[(case, step)] = outcome
             log("  %s rep %d %-9s %s %.1fs (load %s)" % (case, rep + 1, step, outcome, wall, _load()))
             if outcome != "ok":
-                self.odd.append("%s %s %s after %.0fs; the end of its output:\n%s"
-                                % (case, step, outcome, wall, self._tail(out_path)))
+                self.odd.append("%s %s %s after %.0fs; %sthe end of its output:\n%s"
+                                % (case, step, outcome, wall, self._failures(out_path), self._tail(out_path)))
+                if step == "check":
+                    self._count(case, step, out_path, joblog)
+                    self.guarded("keeping the test-suite logs", self._keep_suite_logs, cwd,
+                                 out_path[:-len(".log")] + "-test-suite.log")
                 if outcome == "timeout":
                     self.add("%s %s timeout" % (case, step), wall)
                 stopped = True
@@ -321,6 +326,21 @@ class RealProject(Bench):
             with open(joblog, errors="replace") as f:
                 self.info["%s compiles" % step] = compiles_by_host(f.read())
 
+    def _keep_suite_logs(self, project: str, into: str) -> None:
+        """The test-suite.log files of automake's harness (what each failed test
+        said), kept with the step's output: the project's tree is removed."""
+        text = self.as_user(["sh", "-c", 'cd "$1" && find . -name test-suite.log -exec cat {} +', "sh",
+                             project])
+        with open(into, "w") as f:
+            f.write(text)
+
+    @staticmethod
+    def _failures(path: str) -> str:
+        """The tests automake's harness says failed, for a note ("" if none)."""
+        with open(path, errors="replace") as f:
+            failed = re.findall(r"^(?:FAIL|ERROR): (\S+)", f.read(), re.M)
+        return "tests failed: %s; " % ", ".join(failed) if failed else ""
+
     @staticmethod
     def _tail(path: str) -> str:
         with open(path, "rb") as f:
@@ -330,6 +350,9 @@ class RealProject(Bench):
 
     # -- clean-up ---------------------------------------------------------------------
     def release(self) -> None:
+        logs = os.path.join(self.top, "logs")
+        if self.a.logs and os.path.isdir(logs):
+            self.guarded("keeping the logs in " + self.a.logs, shutil.copytree, logs, self.a.logs)
         if self.bindfs is not None:
             self.guarded("unmounting bindfs", self.bindfs.unmount)
             self.bindfs = None
@@ -417,6 +440,7 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=1200.0,
                    help="seconds a step may take before it is stopped and reported as timed out "
                         "(default 1200)")
+    p.add_argument("--logs", help="a new directory to keep every step's output and job log in")
     p.add_argument("--hosts", type=int, default=8, help="test-bed hosts in the GMount (default 8)")
     p.add_argument("--jobs", type=int, default=8, help="make -j (default 8)")
     p.add_argument("--reps", type=int, default=1, help="runs of every case (default 1)")
@@ -424,6 +448,8 @@ def main(argv=None) -> int:
     a.cases = [c.strip() for c in a.cases.split(",") if c.strip()]
     if not a.cases or set(a.cases) - set(CASES):
         p.error("--cases takes local, bindfs and gmount, separated by commas")
+    if a.logs and os.path.exists(a.logs):
+        p.error("--logs %s: it exists (give a new directory)" % a.logs)
     if a.tarball and not os.path.isfile(a.tarball):
         p.error("--tarball %s: no such file" % a.tarball)
     if not 1 <= a.hosts <= 64 or not 1 <= a.jobs <= 256 or not 1 <= a.reps <= 20 or not a.timeout > 0:
