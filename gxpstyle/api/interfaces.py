@@ -16,7 +16,7 @@ Head-only.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Optional, Protocol, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Set, Tuple
 
 Env = Dict[str, Optional[str]]
 Replica = Tuple[int, float, Optional[str]]   # size, mtime, hash
@@ -113,18 +113,28 @@ class ReplicaAPI:
     def bytes_by_node(self, paths: Iterable[str]) -> Tuple[Dict[str, int], int]:
         raise NotImplementedError
 
-    # -- the catalog's writes (keepers, transfers) ----------------------------------
-    def add(self, path: str, node: str, size: int, mtime: float,
-            digest: Optional[str] = None) -> bool:
+    def listing(self, directory: str) -> Dict[str, List[Tuple[str, int, float, int]]]:
+        """Every name in `directory`: name -> [(node, size, mtime, mode)]."""
         raise NotImplementedError
 
-    def set_replicas(self, path: str, copies: Dict[str, Tuple[int, float]]) -> bool:
+    def entry(self, path: str) -> List[Tuple[str, int, float, int]]:
+        """The holders of one name, as `listing` gives them."""
+        raise NotImplementedError
+
+    # -- the catalog's writes (keepers, transfers) ----------------------------------
+    def add(self, path: str, node: str, size: int, mtime: float,
+            digest: Optional[str] = None, mode: int = 0) -> bool:
+        raise NotImplementedError
+
+    def set_replicas(self, path: str, copies: Dict[str, Tuple[Any, ...]]) -> bool:
+        """node -> (size, mtime) or (size, mtime, mode)."""
         raise NotImplementedError
 
     def remove(self, path: str, node: Optional[str] = None) -> None:
         raise NotImplementedError
 
-    def replace_tree(self, node: str, root: str, files: Iterable[Tuple[str, int, float]]) -> int:
+    def replace_tree(self, node: str, root: str, files: Iterable[Tuple[Any, ...]]) -> int:
+        """files: (rel, size, mtime) or (rel, size, mtime, mode)."""
         raise NotImplementedError
 
     def forget_tree(self, root: str) -> None:

@@ -74,17 +74,23 @@ class ReplicaService(Service, ReplicaAPI):
     def bytes_by_node(self, paths: Iterable[str]) -> Tuple[Dict[str, int], int]:
         return self.catalog.bytes_by_node(paths)
 
-    def add(self, path: str, node: str, size: int, mtime: float,
-            digest: Optional[str] = None) -> bool:
-        return self.catalog.add(path, node, size, mtime, digest)
+    def listing(self, directory: str) -> Dict[str, List[Tuple[str, int, float, int]]]:
+        return self.catalog.listing(directory)
 
-    def set_replicas(self, path: str, copies: Dict[str, Tuple[int, float]]) -> bool:
+    def entry(self, path: str) -> List[Tuple[str, int, float, int]]:
+        return self.catalog.entry(path)
+
+    def add(self, path: str, node: str, size: int, mtime: float,
+            digest: Optional[str] = None, mode: int = 0) -> bool:
+        return self.catalog.add(path, node, size, mtime, digest, mode)
+
+    def set_replicas(self, path: str, copies: Dict[str, Tuple[Any, ...]]) -> bool:
         return self.catalog.set_replicas(path, copies)
 
     def remove(self, path: str, node: Optional[str] = None) -> None:
         self.catalog.remove(path, node)
 
-    def replace_tree(self, node: str, root: str, files: Iterable[Tuple[str, int, float]]) -> int:
+    def replace_tree(self, node: str, root: str, files: Iterable[Tuple[Any, ...]]) -> int:
         return self.catalog.replace_tree(node, root, files)
 
     def forget_tree(self, root: str) -> None:
