@@ -70,6 +70,11 @@ class NamespaceFeed:
         self.exports = exports
         self.mounts: Dict[str, MountFeed] = {}
         self.done_waiting: List[Callable[[], None]] = []
+        # each send is a generation: its calls not yet answered, and who waits
+        # for it and every earlier one (a change sent before must be taken too)
+        self.generation = 0
+        self.unanswered: Dict[int, int] = {}
+        self.waiters: List[Tuple[int, Callable[[], None]]] = []
         self.flush_armed = False
         self.directories_listed = 0
 
@@ -83,6 +88,12 @@ class NamespaceFeed:
     def service_gone(self, sid: str) -> None:
         for feed in self.mounts.values():
             feed.drop(sid)
+
+    def holds(self, mountpoint: str, sid: str, rel: str) -> bool:
+        """Does service `sid` hold a copy of the directory of `rel`? (Then
+        the changes of `rel` reach it, and its kernel's entries, through here.)"""
+        feed = self.mounts.get(mountpoint)
+        return feed is not None and sid in feed.by_dir.get(key_of(rel)[0], ())
 
     # -- listings ------------------------------------------------------------------
     def entries(self, mountpoint: str, key: str, names: Any = None) -> Entries:
@@ -135,7 +146,7 @@ class NamespaceFeed:
                 done: "Callable[[], None] | None" = None) -> None:
         """The catalog changed under these names (relative to the mountpoint):
         at the end of this loop round their subscribers hear it; done() once
-        every one of them has taken it."""
+        every one of them has taken it, and every change sent before."""
         feed = self.mounts.get(mountpoint)
         if feed is not None:
             for rel in rels:
@@ -150,7 +161,10 @@ class NamespaceFeed:
 
     def _send(self) -> None:
         self.flush_armed = False
-        waiters, self.done_waiting = self.done_waiting, []
+        self.generation += 1
+        gen = self.generation
+        self.waiters.extend((gen, done) for done in self.done_waiting)
+        self.done_waiting = []
         calls: Dict[str, Dict[str, Entries]] = {}
         for mp, feed in self.mounts.items():
             changed, feed.changed = feed.changed, {}
@@ -158,17 +172,21 @@ class NamespaceFeed:
                 entries = self.entries(mp, key, sorted(names))
                 for sid in feed.by_dir.get(key, ()):
                     calls.setdefault(sid, {})[key] = entries
-        pending = set(calls)
-
-        def finish() -> None:
-            for done in waiters:
-                done()
-        if not pending:
-            finish()
-            return
+        if calls:
+            self.unanswered[gen] = len(calls)
         for sid, dirs in calls.items():
-            def answered(ok: bool, error: str, result: Dict[str, Any], sid: str = sid) -> None:
-                pending.discard(sid)
-                if not pending:
-                    finish()
+            def answered(ok: bool, error: str, result: Dict[str, Any]) -> None:
+                self.unanswered[gen] -= 1
+                if not self.unanswered[gen]:
+                    del self.unanswered[gen]
+                    self._release()
             self.head.call_role(sid, "ns", {"dirs": dirs}, answered)
+        self._release()
+
+    def _release(self) -> None:
+        """done() of every waiter whose generation and all before it are answered."""
+        oldest = min(self.unanswered) if self.unanswered else self.generation + 1
+        ready = [done for gen, done in self.waiters if gen < oldest]
+        self.waiters = [(gen, done) for gen, done in self.waiters if gen >= oldest]
+        for done in ready:
+            done()

@@ -260,9 +260,14 @@ class GMountService(Service):
                 where = copies.setdefault(c.rel, {})
                 if c.node in by_name:
                     where[by_name[c.node]] = (c.size, c.mtime, c.mode)
+            changed = []
             for rel, where in copies.items():
-                self.catalog.set_replicas(os.path.join(m.mountpoint, rel), where)
-            self.feed.touched(m.mountpoint, list(copies))
+                path = os.path.join(m.mountpoint, rel)
+                before = self.catalog.entry(path)
+                self.catalog.set_replicas(path, where)
+                if self.catalog.entry(path) != before:
+                    changed.append(rel)
+            self.feed.touched(m.mountpoint, changed)
             gone = [str(rel) for rel in result.get("gone") or []]
             if gone:
                 # no file under those names in any branch of the merged view
@@ -336,9 +341,12 @@ class GMountService(Service):
                     there = self.head.node(nid)
                     if not self.head.is_up(sid) or there is None:
                         continue
+                    holder = there.hostname == host
+                    if not holder and self.feed.holds(m.mountpoint, sid, rel):
+                        continue        # the namespace feed tells it, if anything changed
                     touched = True
                     lists = calls.setdefault((m.mountpoint, nid, sid), [{}, {}])
-                    lists[0 if there.hostname == host else 1][rel] = None
+                    lists[0 if holder else 1][rel] = None
             if touched:
                 waiting.append(done)
             else:
@@ -362,16 +370,19 @@ class GMountService(Service):
                          nid: str = nid, sid: str = sid, rels: List[str] = rels,
                          holder: bool = holder) -> None:
                 if ok and holder:
-                    self._record(m, nid, rels, result.get("files") or [])
+                    changed = self._record(m, nid, rels, result.get("files") or [])
                     # the nodes holding these directories take the change before make hears
-                    self.feed.touched(m.mountpoint, rels, lambda: acted((sid, holder)))
+                    self.feed.touched(m.mountpoint, changed, lambda: acted((sid, holder)))
                     return
                 if not ok:
                     self.head.log("gmount: %s: changed files: %s" % (self._name(nid), error))
                 acted((sid, holder))
             self.head.call_role(sid, "changed", {"paths": rels, "describe": holder}, answered)
 
-    def _record(self, m: Mount, nid: str, rels: List[str], files: List[Any]) -> None:
+    def _record(self, m: Mount, nid: str, rels: List[str], files: List[Any]) -> List[str]:
+        """The catalog takes what node `nid`'s export holds of `rels`;
+        returns those whose entry changed (what the nodes' copies must hear)."""
+        before = {rel: self.catalog.entry(os.path.join(m.mountpoint, rel)) for rel in rels}
         seen = set()
         for f in file_records.parse(file_records.DescribedFile, files):
             seen.add(f.rel)
@@ -383,6 +394,8 @@ class GMountService(Service):
             # the name everywhere: _watch)
             if rel not in seen and (nid, rel) not in m.adopted:
                 self.catalog.remove(os.path.join(m.mountpoint, rel), nid)
+        return [rel for rel in rels
+                if self.catalog.entry(os.path.join(m.mountpoint, rel)) != before.get(rel)]
 
     # -- planned transfers (make_backend/head/transfer_plan.py) ------------------------
     def _service_on(self, node: str, path: str) -> Optional[tuple]:
