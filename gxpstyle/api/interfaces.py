@@ -98,6 +98,8 @@ class ReplicaKeeper(Protocol):
                      done: Callable[[], None]) -> None:
         """Keep (or stop keeping) the copies of `paths` on `node`'s host from
         eviction; done() exactly once."""
+    # optional: settle(node, done): done() once what it keeps on `node`'s host
+    # shows every change it has heard of (a recipe starts then); exactly once
 
 
 class ReplicaAPI:
@@ -165,4 +167,9 @@ class ReplicaAPI:
         raise NotImplementedError
 
     def pin(self, node: str, paths: List[str], pin: bool, done: Callable[[], None]) -> None:
+        raise NotImplementedError
+
+    def settle(self, node: str, done: Callable[[], None]) -> None:
+        """done() once every keeper's copies on `node`'s host show every change
+        the keepers have heard of (before a recipe starts there)."""
         raise NotImplementedError

@@ -160,6 +160,17 @@ class ReplicaService(Service, ReplicaAPI):
                 return
         done(False, "no service keeps copies of %s" % path, "")
 
+    def settle(self, node: str, done: Callable[[], None]) -> None:
+        """Every keeper that can (ReplicaKeeper.settle) settles `node`; done() then."""
+        settling = [k for k in self.keepers if callable(getattr(k, "settle", None))]
+        one = after(len(settling), done)
+        for k in settling:
+            try:
+                k.settle(node, one)     # type: ignore[attr-defined]
+            except Exception:
+                log_exception(self.head.log, "settle")
+                one()
+
     def pin(self, node: str, paths: List[str], pin: bool, done: Callable[[], None]) -> None:
         """Every keeper pins (unpins) `paths` on `node`'s host; done() once all did."""
         if not paths or not self.keepers:

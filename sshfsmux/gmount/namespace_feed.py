@@ -159,6 +159,15 @@ class NamespaceFeed:
             self.flush_armed = True
             self.head.at_end(self._send)
 
+    def barrier(self, done: Callable[[], None]) -> None:
+        """done() once every change heard so far has been taken by the
+        nodes holding its directory (at once when none is on its way)."""
+        if self.flush_armed:
+            self.done_waiting.append(done)
+            return
+        self.waiters.append((self.generation, done))
+        self._release()
+
     def _send(self) -> None:
         self.flush_armed = False
         self.generation += 1

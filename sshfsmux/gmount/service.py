@@ -432,6 +432,11 @@ class GMountService(Service):
         self.head.call_role(sid, "adopt", {"file": file, "path": rel}, answered)
         return True
 
+    def settle(self, node: str, done: Callable[[], None]) -> None:
+        """A recipe is about to start on `node`: done() once every change the
+        head has sent the nodes' namespace copies is taken (namespace_feed)."""
+        self.feed.barrier(done)
+
     def pin_replicas(self, node: str, paths: List[str], pin: bool,
                      done: Callable[[], None]) -> None:
         """Pin (or unpin) in the replica store of `node`'s host the copies of

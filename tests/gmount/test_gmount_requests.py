@@ -7,7 +7,9 @@ root with the requests its own export server has served and the name lookups
   and reach FUSE once per negative timeout, not once each;
 - one cold read of a file another host holds is one request, to that host;
 - create, chmod, unlink and mkdir of names only this node holds send
-  nothing to any peer.
+  nothing to any peer;
+and what one node changes through its mount, a recipe make starts
+afterwards on any node sees (the head's namespace copies are current first).
 """
 import time
 
@@ -104,6 +106,34 @@ def test_one_nodes_lookups_reads_and_changes_cost_the_peers_nothing_but_one_read
         time.sleep(0.5)
         r = on(g, "tn05", "ls %s/mine" % mnt)
         assert r.stdout.split()[-2:] == ["new", "sub"], r.stdout
+    finally:
+        g.ok("umount")
+
+
+MAKEFILE = """\
+all: $(addprefix seen-,1 2 3 4 5 6 7 8)
+seen-%:
+\ttest -f d/new && test ! -e d/gone && test -x d/tool && test -d d/sub/deeper
+\ttest "$$(cat d/renamed)" = written && test ! -e d/written
+\thostname > $@
+"""
+
+
+def test_changes_through_one_mount_are_seen_by_recipes_make_starts_afterwards(bed, g):
+    mnt = mounted(g)
+    try:
+        work = mnt + "/w"
+        on(g, "tn02", "mkdir -p %s/d && cd %s/d && touch gone tool" % (work, work))
+        # every node looks into the directory first: their copies hold it
+        g.ok("e", "ls %s/d >/dev/null" % work)
+        bed.run_as(g.user, ["sh", "-c", "cat > %s/Makefile" % work], input=MAKEFILE,
+                   capture_output=True, text=True, check=True)
+        on(g, "tn01", "cd %s/d && touch new && rm gone && chmod +x tool && mkdir -p sub/deeper"
+           " && echo written > written && mv written renamed" % work)
+        r = g.run("make", "-j8", cwd=work)
+        assert r.returncode == 0, r.stdout + r.stderr
+        ran = set(on(g, "tn01", "cat %s/seen-*" % work).stdout.split())
+        assert len(ran) >= 2, ran
     finally:
         g.ok("umount")
 
