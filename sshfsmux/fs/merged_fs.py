@@ -213,6 +213,7 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
             found = self._view_from_copy(path, every)
             if found is not None:
                 return found
+            self.namespace.looked_up(path)
         holders: "List[Tuple[Branch, Dict[str, Any]]]" = []
         failure = None
         asked: "Optional[Dict[int, Callable[[], Dict[str, Any]]]]" = None

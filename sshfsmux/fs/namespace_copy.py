@@ -22,7 +22,7 @@ import threading
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+    from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
     Holder = Tuple[str, int, float, int]
     Listing = Dict[str, Tuple[Holder, ...]]
@@ -56,6 +56,9 @@ class NamespaceCopy:
         self.lock = threading.Lock()
         self.dirs: "Dict[str, Listing]" = {}
         self.asked: "Dict[str, bool]" = {}         # listings asked for, not yet come
+        # names found by asking every branch while their directory's listing
+        # was on its way: the kernel may hold them, unseen by the head's changes
+        self.looked: "Dict[str, Set[str]]" = {}
 
     # -- reads (FUSE threads) ----------------------------------------------------
     def listing(self, key: str) -> "Optional[Listing]":
@@ -83,6 +86,13 @@ class NamespaceCopy:
         listing = self.listing(d)
         return None if listing is None else listing.get(name, ())
 
+    def looked_up(self, path: str) -> None:
+        """`path` was found without the copy (its listing is on its way)."""
+        d, name = split(path)
+        with self.lock:
+            if d in self.asked:
+                self.looked.setdefault(d, set()).add(name)
+
     def held(self, key: str) -> bool:
         with self.lock:
             return key in self.dirs
@@ -93,13 +103,19 @@ class NamespaceCopy:
             return len(self.dirs)
 
     # -- changes (the node's loop, and this mount's own changes) -------------------
-    def fill(self, listings: "Dict[str, Any]") -> None:
-        """Listings the head sent: held from now on (replacing any older one)."""
+    def fill(self, listings: "Dict[str, Any]") -> "List[str]":
+        """Listings the head sent: held from now on (replacing any older one).
+        Returns the paths found without them meanwhile (the kernel's entries
+        of those are to be dropped: a change before the head listed them
+        reached no one)."""
+        found: "List[str]" = []
         with self.lock:
             for key, names in listings.items():
                 self.dirs[key] = {str(n): holder_tuples(hs) for n, hs in
                                   (names.items() if isinstance(names, dict) else [])}
                 self.asked.pop(key, None)
+                found.extend("/" + (key + "/" if key else "") + n for n in self.looked.pop(key, ()))
+        return found
 
     def update(self, changes: "Dict[str, Any]") -> "List[str]":
         """Changes the head sent (key -> name -> holders, [] for gone) to

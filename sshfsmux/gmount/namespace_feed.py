@@ -89,12 +89,6 @@ class NamespaceFeed:
         for feed in self.mounts.values():
             feed.drop(sid)
 
-    def holds(self, mountpoint: str, sid: str, rel: str) -> bool:
-        """Does service `sid` hold a copy of the directory of `rel`? (Then
-        the changes of `rel` reach it, and its kernel's entries, through here.)"""
-        feed = self.mounts.get(mountpoint)
-        return feed is not None and sid in feed.by_dir.get(key_of(rel)[0], ())
-
     # -- listings ------------------------------------------------------------------
     def entries(self, mountpoint: str, key: str, names: Any = None) -> Entries:
         """Directory `key`'s names (or only `names`) with their export holders."""

@@ -327,9 +327,14 @@ class GMountNode(NodeSide):
         """Listings the head sends for directories this mount asked for."""
         fs = self.fs
         if fs is not None and fs.namespace is not None:
-            fs.namespace.fill(args.get("dirs") or {})
+            self._drop_kernel_entries(fs.namespace.fill(args.get("dirs") or {}))
         reply(True, "", {})
         self._arm()         # changes that waited for these listings
+
+    def _drop_kernel_entries(self, paths: "List[str]") -> None:
+        kc = self.kcache
+        if kc is not None and paths:
+            self.in_thread(lambda: kc.invalidate_paths(paths, exists=self.in_export))
 
     def namespace_changed(self, args: "Dict[str, Any]", reply: "Reply") -> None:
         """Changes the head saw under directories this mount holds: into the

@@ -342,8 +342,11 @@ class GMountService(Service):
                     if not self.head.is_up(sid) or there is None:
                         continue
                     holder = there.hostname == host
-                    if not holder and self.feed.holds(m.mountpoint, sid, rel):
-                        continue        # the namespace feed tells it, if anything changed
+                    if not holder and len(m.services) > 1:
+                        # the namespace feed tells the nodes holding the
+                        # directory, if anything changed; the others hold
+                        # nothing of it (namespace_copy.py)
+                        continue
                     touched = True
                     lists = calls.setdefault((m.mountpoint, nid, sid), [{}, {}])
                     lists[0 if holder else 1][rel] = None
