@@ -101,8 +101,10 @@ class NamespaceFeed:
         out: Entries = {}
         rel_base = key + "/" if key else ""
         for name, holders in listed.items():
-            out[name] = [[nodes[n], s, m, md] for n, s, m, md in holders
-                         if n in nodes and (n, rel_base + name) not in stored]
+            found = [[nodes[n], s, m, md] for n, s, m, md in holders
+                     if n in nodes and (n, rel_base + name) not in stored]
+            if found or names is not None:      # a change to no holder: gone
+                out[name] = found
         return out
 
     def asked(self, mountpoint: str, sid: str, keys: List[str]) -> None:
