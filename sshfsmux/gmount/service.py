@@ -342,10 +342,12 @@ class GMountService(Service):
                     if not self.head.is_up(sid) or there is None:
                         continue
                     holder = there.hostname == host
-                    if not holder and len(m.services) > 1:
-                        # the namespace feed tells the nodes holding the
-                        # directory, if anything changed; the others hold
-                        # nothing of it (namespace_copy.py)
+                    if not holder and host is not None and len(m.services) > 1:
+                        # the holder describes them and the namespace feed
+                        # tells the nodes holding the directory, if anything
+                        # changed; the others hold nothing of it
+                        # (namespace_copy.py). A failed recipe's files ("")
+                        # are described by nobody: every mount drops them.
                         continue
                     touched = True
                     lists = calls.setdefault((m.mountpoint, nid, sid), [{}, {}])
