@@ -16,7 +16,7 @@ Head-only.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Optional, Protocol, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Set, Tuple
 
 Env = Dict[str, Optional[str]]
 Replica = Tuple[int, float, Optional[str]]   # size, mtime, hash
@@ -98,6 +98,8 @@ class ReplicaKeeper(Protocol):
                      done: Callable[[], None]) -> None:
         """Keep (or stop keeping) the copies of `paths` on `node`'s host from
         eviction; done() exactly once."""
+    # optional: settle(node, done): done() once what it keeps on `node`'s host
+    # shows every change it has heard of (a recipe starts then); exactly once
 
 
 class ReplicaAPI:
@@ -113,18 +115,28 @@ class ReplicaAPI:
     def bytes_by_node(self, paths: Iterable[str]) -> Tuple[Dict[str, int], int]:
         raise NotImplementedError
 
-    # -- the catalog's writes (keepers, transfers) ----------------------------------
-    def add(self, path: str, node: str, size: int, mtime: float,
-            digest: Optional[str] = None) -> bool:
+    def listing(self, directory: str) -> Dict[str, List[Tuple[str, int, float, int]]]:
+        """Every name in `directory`: name -> [(node, size, mtime, mode)]."""
         raise NotImplementedError
 
-    def set_replicas(self, path: str, copies: Dict[str, Tuple[int, float]]) -> bool:
+    def entry(self, path: str) -> List[Tuple[str, int, float, int]]:
+        """The holders of one name, as `listing` gives them."""
+        raise NotImplementedError
+
+    # -- the catalog's writes (keepers, transfers) ----------------------------------
+    def add(self, path: str, node: str, size: int, mtime: float,
+            digest: Optional[str] = None, mode: int = 0) -> bool:
+        raise NotImplementedError
+
+    def set_replicas(self, path: str, copies: Dict[str, Tuple[Any, ...]]) -> bool:
+        """node -> (size, mtime) or (size, mtime, mode)."""
         raise NotImplementedError
 
     def remove(self, path: str, node: Optional[str] = None) -> None:
         raise NotImplementedError
 
-    def replace_tree(self, node: str, root: str, files: Iterable[Tuple[str, int, float]]) -> int:
+    def replace_tree(self, node: str, root: str, files: Iterable[Tuple[Any, ...]]) -> int:
+        """files: (rel, size, mtime) or (rel, size, mtime, mode)."""
         raise NotImplementedError
 
     def forget_tree(self, root: str) -> None:
@@ -155,4 +167,9 @@ class ReplicaAPI:
         raise NotImplementedError
 
     def pin(self, node: str, paths: List[str], pin: bool, done: Callable[[], None]) -> None:
+        raise NotImplementedError
+
+    def settle(self, node: str, done: Callable[[], None]) -> None:
+        """done() once every keeper's copies on `node`'s host show every change
+        the keepers have heard of (before a recipe starts there)."""
         raise NotImplementedError

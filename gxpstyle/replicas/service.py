@@ -74,17 +74,23 @@ class ReplicaService(Service, ReplicaAPI):
     def bytes_by_node(self, paths: Iterable[str]) -> Tuple[Dict[str, int], int]:
         return self.catalog.bytes_by_node(paths)
 
-    def add(self, path: str, node: str, size: int, mtime: float,
-            digest: Optional[str] = None) -> bool:
-        return self.catalog.add(path, node, size, mtime, digest)
+    def listing(self, directory: str) -> Dict[str, List[Tuple[str, int, float, int]]]:
+        return self.catalog.listing(directory)
 
-    def set_replicas(self, path: str, copies: Dict[str, Tuple[int, float]]) -> bool:
+    def entry(self, path: str) -> List[Tuple[str, int, float, int]]:
+        return self.catalog.entry(path)
+
+    def add(self, path: str, node: str, size: int, mtime: float,
+            digest: Optional[str] = None, mode: int = 0) -> bool:
+        return self.catalog.add(path, node, size, mtime, digest, mode)
+
+    def set_replicas(self, path: str, copies: Dict[str, Tuple[Any, ...]]) -> bool:
         return self.catalog.set_replicas(path, copies)
 
     def remove(self, path: str, node: Optional[str] = None) -> None:
         self.catalog.remove(path, node)
 
-    def replace_tree(self, node: str, root: str, files: Iterable[Tuple[str, int, float]]) -> int:
+    def replace_tree(self, node: str, root: str, files: Iterable[Tuple[Any, ...]]) -> int:
         return self.catalog.replace_tree(node, root, files)
 
     def forget_tree(self, root: str) -> None:
@@ -153,6 +159,17 @@ class ReplicaService(Service, ReplicaAPI):
             if k.adopt_replica(node, path, file, source, done):
                 return
         done(False, "no service keeps copies of %s" % path, "")
+
+    def settle(self, node: str, done: Callable[[], None]) -> None:
+        """Every keeper that can (ReplicaKeeper.settle) settles `node`; done() then."""
+        settling = [k for k in self.keepers if callable(getattr(k, "settle", None))]
+        one = after(len(settling), done)
+        for k in settling:
+            try:
+                k.settle(node, one)     # type: ignore[attr-defined]
+            except Exception:
+                log_exception(self.head.log, "settle")
+                one()
 
     def pin(self, node: str, paths: List[str], pin: bool, done: Callable[[], None]) -> None:
         """Every keeper pins (unpins) `paths` on `node`'s host; done() once all did."""

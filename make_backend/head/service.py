@@ -237,7 +237,8 @@ class MakeService(Service):
         def measured() -> None:   # the placement weighs SOFT waits against this rate
             if copying[0]:        # not when there was nothing to copy
                 self.placement.observe_fetch(fetch, time.monotonic() - staged)
-            start()
+            # the node's mount first takes every change the head has sent out
+            self.replicas.settle(nid, start)
             if copying[0] and self.waiting:
                 self._retry()     # a wait weighed against the old rate may be over
         self.transfers.stage((cid, job), nid, paths, measured)

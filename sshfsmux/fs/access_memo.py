@@ -15,6 +15,7 @@ Standard library only, Python 3.8 syntax (runs on nodes).
 from __future__ import annotations
 
 import itertools
+import os
 import time
 
 TYPE_CHECKING = False
@@ -58,3 +59,24 @@ class AccessMemo:
     def clear(self) -> None:
         self.epoch = next(self._epochs)
         self._names.clear()
+
+
+GROUPS_CACHE: "Dict[Tuple[int, int], set]" = {}
+
+
+def groups_of(uid: int, gid: int) -> set:
+    """The groups of user `uid` (primary group `gid`), kept once asked."""
+    key = (uid, gid)
+    g = GROUPS_CACHE.get(key)
+    if g is None:
+        g = {gid}
+        if uid == os.getuid():
+            g.update(os.getgroups())
+        else:
+            try:
+                import pwd
+                g.update(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid))
+            except (KeyError, OSError):
+                pass
+        GROUPS_CACHE[key] = g
+    return g

@@ -15,7 +15,7 @@ from sshfsmux.fs.merged_handles import View
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 
 class NameChanges:
@@ -36,6 +36,8 @@ class NameChanges:
         def _note(self, b: Branch, e: OSError) -> None: ...
         def _changed(self, path: str) -> None: ...
         def _refresh(self, paths: List[str]) -> None: ...
+        def _settle(self, paths: Iterable[str], branches: Iterable[Branch]) -> None: ...
+        def _dropped(self, path: str, branches: Iterable[Branch], tree: bool = False) -> None: ...
         _links: Any
         _access: Any
 
@@ -117,6 +119,7 @@ class NameChanges:
         b = self._branch_for_new(path)
         b.mkdir(path, mode & 0o7777)
         self._give_to_caller(b, path)
+        self._changed(path)
         return 0
 
     @_safe
@@ -129,6 +132,7 @@ class NameChanges:
             raise _e(errno.EPERM)
         fn(path, mode, dev)
         self._give_to_caller(b, path)
+        self._changed(path)
         return 0
 
     @_safe
@@ -137,6 +141,7 @@ class NameChanges:
         b = self._branch_for_new(target)
         b.symlink(source, target)
         self._give_to_caller(b, target)
+        self._changed(target)
         return 0
 
     @_safe
@@ -151,6 +156,7 @@ class NameChanges:
         self._ensure_parents(v.visible, target)
         v.visible.link(source, target)
         self._refresh(self._links.linked(source, target))
+        self._changed(target)
         return 0
 
     def _remove_in(self, b: Branch, path: str, a: "Dict[str, Any]") -> None:
@@ -175,6 +181,7 @@ class NameChanges:
                 if e.errno == errno.ENOENT or (stat.S_ISDIR(a["st_mode"]) and b is not v.visible):
                     continue   # a hidden non-empty directory of that name stays
                 first = first or e
+        self._dropped(path, [b for b, _ in v.holders])
         self._drop_hints(path)
         self._access.forget([path])
         self._changed(path)
@@ -200,8 +207,10 @@ class NameChanges:
             except OSError as e:
                 if e.errno != errno.ENOENT:
                     first = first or e
+        self._dropped(path, [b for b, _ in v.holders], tree=True)
         self._drop_hints(path, tree=True)
         self._access.clear()
+        self._changed(path)
         if first is not None:
             raise first
         return 0
@@ -263,6 +272,10 @@ class NameChanges:
                 b.rename(old, new)
         finally:
             self._access.clear()    # names below a renamed directory too
+            if dst is not None:
+                self._dropped(new, [b for b, _ in dst.holders], tree=dst.is_dir)
+            self._dropped(old, src_branches, tree=src.is_dir)
+            self._settle([new], src_branches)
         self._move_hints(old, new)
         self._changed(old)
         self._changed(new)
@@ -312,7 +325,9 @@ class NameChanges:
                 b.chmod(path, mode & 0o7777)
         finally:
             self._access.clear()     # hard links' other names too
+            self._settle([path], [b for b, _ in targets])
         self._refresh(self._links.others(path))
+        self._changed(path)
         return 0
 
     @_safe
@@ -335,6 +350,7 @@ class NameChanges:
         finally:
             self._access.clear()
         self._refresh(self._links.others(path))
+        self._changed(path)
         return 0
 
     @_safe
@@ -356,7 +372,9 @@ class NameChanges:
             b.truncate(path, length)
         if len(targets) > 1:
             self._align_times(path, [b for b, _ in targets])
+        self._settle([path], [b for b, _ in targets])
         self._refresh(self._links.others(path))
+        self._changed(path)
         return 0
 
     @_safe
@@ -381,7 +399,9 @@ class NameChanges:
                 fn(path, ns)
             else:
                 b.utimens(path, (ns[0] / 1e9, ns[1] / 1e9))
+        self._settle([path], [b for b, _ in targets])
         self._refresh(self._links.others(path))
+        self._changed(path)
         return 0
 
     def _align_times(self, path: str, branches: "List[Branch]") -> None:

@@ -46,13 +46,14 @@ import stat
 import threading
 import time
 
-from sshfsmux.fs.access_memo import AccessMemo
+from sshfsmux.fs.access_memo import AccessMemo, groups_of as _groups_of
 from sshfsmux.branches.branch import Branch, ReadHandle, WriteHandle
 from sshfsmux.fs.fuse_glue import (ATTR_SECONDS, FuseOSError, Operations, _e, fuse_get_context,  # noqa: F401
                                    hand_over, run_fuse, safe as _safe)
 from sshfsmux.fs.link_names import LinkNames
 from sshfsmux.fs.merged_changes import NameChanges
 from sshfsmux.fs.merged_handles import MultiWriteHandle, View, _VirtualHandle
+from sshfsmux.fs.merged_namespace import NamespaceView
 from sshfsmux.fs.merged_xattrs import XA_CONFLICT, XA_LOCATION, Xattrs  # noqa: F401
 
 TYPE_CHECKING = False
@@ -66,7 +67,7 @@ BRANCHES_NAME = ".sshfsmux-branches"
 BRANCHES_PATH = "/" + BRANCHES_NAME
 
 
-class MergedFS(NameChanges, Xattrs, Operations):
+class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
     use_ns = True
 
     def __init__(self, branches: "List[Branch]", mount_id: str = "",
@@ -130,6 +131,12 @@ class MergedFS(NameChanges, Xattrs, Operations):
         self._links = LinkNames()
         self._kernel: "Any" = None
         self._access = AccessMemo(ATTR_SECONDS)
+        # a GMount node's copy of the directories it looked into (namespace_copy.py):
+        # with it, remote branches are asked only for names the copy says they hold
+        self.namespace: "Any" = None
+        self.lookups = 0            # getattr calls that reached this file system
+        # requests this host's export server has served (user.sshfsmux.served)
+        self.served: "Optional[Callable[[], int]]" = None
 
     def forget_access(self, paths: "List[str]") -> None:
         """Names changed elsewhere (the head's "changed" call): their access
@@ -202,6 +209,11 @@ class MergedFS(NameChanges, Xattrs, Operations):
                 if e.errno != errno.ENOENT:
                     self._note(self._single, e)
                 raise
+        if self.namespace is not None:
+            found = self._view_from_copy(path, every)
+            if found is not None:
+                return found
+            self.namespace.looked_up(path)
         holders: "List[Tuple[Branch, Dict[str, Any]]]" = []
         failure = None
         asked: "Optional[Dict[int, Callable[[], Dict[str, Any]]]]" = None
@@ -228,6 +240,10 @@ class MergedFS(NameChanges, Xattrs, Operations):
                 break
         if not holders:
             raise failure if failure is not None else _e(errno.ENOENT)
+        return self._classified(path, holders)
+
+    def _classified(self, path: str, holders: "List[Tuple[Branch, Dict[str, Any]]]") -> View:
+        """The view of `path`'s holders: replicas and conflicts of the first."""
         v = View(path, holders)
         for b, a in holders[1:]:
             (v.replicas if self._same(path, v.visible, v.attrs, b, a) else v.conflicts).append((b, a))
@@ -300,8 +316,12 @@ class MergedFS(NameChanges, Xattrs, Operations):
         names = set()
         ok = False
         failure = None
+        held = self._copy_names(path) if self.namespace is not None else None
+        if held is not None:
+            names.update(held)
+            ok = True
         for b, a in v.holders:
-            if not stat.S_ISDIR(a["st_mode"]):
+            if not stat.S_ISDIR(a["st_mode"]) or (held is not None and not b.local):
                 continue
             try:
                 names.update(b.readdir(path))
@@ -330,6 +350,7 @@ class MergedFS(NameChanges, Xattrs, Operations):
         struct stat from them; getattr converts them for Python callers)."""
         if path in self._virtual:
             return self._chain_attrs(path)  # type: ignore[arg-type]
+        self.lookups += 1
         if self._single is not None and path is not None:
             return self._view(path).attrs if path == "/" else self._single_attrs(path)
         if path is None:
@@ -388,6 +409,8 @@ class MergedFS(NameChanges, Xattrs, Operations):
                 except OSError as e:
                     self._note(b, e)
                     break
+        if self.namespace is not None:
+            attrs.update(self._copy_plus_attrs(path, [n for n in names if n not in attrs]))
         out: "List[Tuple[str, Optional[Dict[str, Any]]]]" = [(".", None), ("..", None)]
         out.extend((n, attrs.get(n)) for n in names)
         return out
@@ -551,31 +574,15 @@ class MergedFS(NameChanges, Xattrs, Operations):
         with self._lock:
             h = self._handles.pop(fh, None)
         if h is not None:
-            h.close()
+            try:
+                h.close()
+            finally:
+                if isinstance(h, MultiWriteHandle):
+                    self._settle([h.path], [b for b, _ in h.pairs])
             if isinstance(h, MultiWriteHandle):
                 self._changed(h.path)
                 self._refresh(self._links.others(h.path))
         return 0
-
-
-_groups_cache: "Dict[Tuple[int, int], set]" = {}
-
-
-def _groups_of(uid: int, gid: int) -> set:
-    key = (uid, gid)
-    g = _groups_cache.get(key)
-    if g is None:
-        g = {gid}
-        if uid == os.getuid():
-            g.update(os.getgroups())
-        else:
-            try:
-                import pwd
-                g.update(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid))
-            except (KeyError, OSError):
-                pass
-        _groups_cache[key] = g
-    return g
 
 
 def link_escapes(path: str, target: str) -> bool:

@@ -15,7 +15,7 @@ from sshfsmux.fs.merged_handles import View
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Tuple
+    from typing import Callable, Dict, List, Optional, Tuple
 
     from sshfsmux.branches.branch import Branch
 
@@ -23,6 +23,10 @@ XA_LOCATION = "user.sshfsmux.location"
 XA_CONFLICT = "user.sshfsmux.conflict"
 XA_DP = "user.sshfsmux.dp"
 XA_REPLICATION = "user.sshfsmux.replication"
+# on the root only: "calls=N lookups=M", the requests this host's export
+# server has served and the getattr calls this mount's FUSE file system saw
+# (what one node's work costs the others: tests/gmount/test_gmount_requests.py)
+XA_SERVED = "user.sshfsmux.served"
 HINTS = (XA_DP, XA_REPLICATION)
 COMPUTED = (XA_LOCATION, XA_CONFLICT)
 XATTR_CREATE, XATTR_REPLACE = 1, 2
@@ -37,6 +41,8 @@ class Xattrs:
         _lock: threading.Lock
         _hints: Dict[str, Dict[str, bytes]]
         node: str
+        lookups: int
+        served: Optional[Callable[[], int]]
 
         def _view(self, path: str, every: bool = False) -> View: ...
         def _is_chain(self, path: Optional[str]) -> bool: ...
@@ -103,6 +109,9 @@ class Xattrs:
         if not name.startswith("user."):
             self._view(path)          # ENOENT first, like the kernel would
             raise _e(errno.ENODATA)
+        if name == XA_SERVED and path == "/":
+            served = self.served
+            return ("calls=%d lookups=%d" % (served() if served else 0, self.lookups)).encode()
         if name == XA_LOCATION:
             return self._location(path, self._view(path, every=True))
         if name == XA_CONFLICT:

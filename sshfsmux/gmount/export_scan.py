@@ -1,7 +1,8 @@
 """What a GMount node tells the head's replica catalog about its own export.
 
-`scan_page`: the regular files under the export (relative path, size, mtime),
-in a fixed order, a page at a time so that no reply outgrows a frame.
+`scan_page`: the names under the export (relative path, size, mtime, mode:
+files, directories, links), in a fixed order, a page at a time so that no
+reply outgrows a frame.
 `describe`: size, mtime and (for files up to HASH_LIMIT) the SHA-256 of the
 files a recipe just wrote, as the export holds them.
 
@@ -24,12 +25,12 @@ HASH_LIMIT = 16 << 20         # bytes: hashing a bigger output would delay make'
 def _walk(root: str) -> "Any":
     for d, dirs, files in os.walk(root):
         dirs.sort()
-        for name in sorted(files):
+        for name in sorted(dirs + files):
             yield os.path.join(d, name)
 
 
 def scan_page(export: str, offset: int) -> "Tuple[List[List[Any]], bool]":
-    """Files number offset .. offset+PAGE of the export, and whether more follow."""
+    """Names number offset .. offset+PAGE of the export, and whether more follow."""
     out: "List[List[Any]]" = []
     i = 0
     for path in _walk(export):
@@ -37,12 +38,10 @@ def scan_page(export: str, offset: int) -> "Tuple[List[List[Any]], bool]":
             st = os.lstat(path)
         except OSError:
             continue
-        if not stat.S_ISREG(st.st_mode):
-            continue
         if i >= offset:
             if len(out) >= PAGE:
                 return out, True
-            out.append([os.path.relpath(path, export), st.st_size, st.st_mtime])
+            out.append([os.path.relpath(path, export), st.st_size, st.st_mtime, st.st_mode])
         i += 1
     return out, False
 
@@ -58,18 +57,17 @@ def _sha256(path: str) -> str:
 
 
 def describe(export: str, rels: "List[str]", hashes: bool = True) -> "List[List[Any]]":
-    """[rel, size, mtime, sha256 or ''] for each rel that is a regular file
-    of the export; names the export lacks are left out. `hashes`: hash files
-    up to HASH_LIMIT (else never)."""
+    """[rel, size, mtime, sha256 or '', mode] for each rel the export holds
+    (a directory or link too, without hash); names the export lacks are left
+    out. `hashes`: hash regular files up to HASH_LIMIT (else never)."""
     out: "List[List[Any]]" = []
     for rel in rels:
         path = os.path.join(export, rel.lstrip("/"))
         try:
             st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            digest = _sha256(path) if hashes and st.st_size <= HASH_LIMIT else ""
+            digest = (_sha256(path) if hashes and stat.S_ISREG(st.st_mode)
+                      and st.st_size <= HASH_LIMIT else "")
         except OSError:
             continue
-        out.append([rel, st.st_size, st.st_mtime, digest])
+        out.append([rel, st.st_size, st.st_mtime, digest, st.st_mode])
     return out

@@ -13,44 +13,57 @@ from typing import Any, List, NamedTuple, Optional
 
 
 class ScannedFile(NamedTuple):
-    """A "scan" page's entry: [rel, size, mtime]."""
+    """A "scan" page's entry: [rel, size, mtime, mode] (a node of an older
+    version sends [rel, size, mtime]: a regular file)."""
     rel: str
     size: int
     mtime: float
+    mode: int
 
     @classmethod
     def from_wire(cls, item: Any) -> Optional["ScannedFile"]:
-        fields = _fields(item, 3)
-        return None if fields is None else cls(str(fields[0]), int(fields[1]), float(fields[2]))
+        fields = _fields(item, 4) or _fields(item, 3)
+        if fields is None:
+            return None
+        mode = int(fields[3]) if len(fields) == 4 else 0
+        return cls(str(fields[0]), int(fields[1]), float(fields[2]), mode)
 
 
 class DescribedFile(NamedTuple):
-    """A "changed" answer's entry: [rel, size, mtime, sha256 or ""]."""
+    """A "changed" answer's entry: [rel, size, mtime, sha256 or "", mode]
+    (mode left out, or 0: a regular file)."""
     rel: str
     size: int
     mtime: float
     sha256: Optional[str]
+    mode: int
 
     @classmethod
     def from_wire(cls, item: Any) -> Optional["DescribedFile"]:
-        fields = _fields(item, 4)
+        fields = _fields(item, 5) or _fields(item, 4)
         if fields is None:
             return None
-        return cls(str(fields[0]), int(fields[1]), float(fields[2]), str(fields[3]) or None)
+        mode = int(fields[4]) if len(fields) == 5 else 0
+        return cls(str(fields[0]), int(fields[1]), float(fields[2]), str(fields[3]) or None, mode)
 
 
 class FileCopy(NamedTuple):
-    """A "changes" answer's entry: one complete copy, [rel, size, mtime, node name]."""
+    """A "changes" answer's entry: one complete copy (or a node holding a
+    directory or link of that name), [rel, size, mtime, node name, mode]
+    (mode 0, or left out: a regular file)."""
     rel: str
     size: int
     mtime: float
     node: str
+    mode: int
 
     @classmethod
     def from_wire(cls, item: Any) -> Optional["FileCopy"]:
-        fields = _fields(item, 4)
-        return None if fields is None else cls(str(fields[0]), int(fields[1]), float(fields[2]),
-                                               str(fields[3]))
+        fields = _fields(item, 5) or _fields(item, 4)
+        if fields is None:
+            return None
+        mode = int(fields[4]) if len(fields) == 5 else 0
+        return cls(str(fields[0]), int(fields[1]), float(fields[2]), str(fields[3]), mode)
 
 
 def parse(record: Any, items: Any) -> List[Any]:

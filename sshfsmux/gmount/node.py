@@ -13,6 +13,7 @@ Standard library plus modules the head pushes (sshfsmux, mfusepy).
 """
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import subprocess
@@ -21,6 +22,7 @@ import threading
 # The host's addresses and the pick of a peer's: the core's (its transfers' direct links use them too).
 from gxpstyle.transport.link_auth import local_addresses, pick_address
 from gxpstyle.api.node_side import NodeSide
+from sshfsmux.fs.namespace_copy import NamespaceCopy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,7 +33,10 @@ if TYPE_CHECKING:
     Reply = Callable[..., None]
 
 MOUNT_WAIT = 20.0
-COALESCE = 0.3          # seconds of changes made through the mount sent as one answer
+# seconds of changes made through the mount sent as one answer: none, the
+# other nodes' copies of the namespace wait for them (those made while an
+# answer is on its way go with the next one)
+COALESCE = 0.0
 CHANGES_PAGE = 5000     # paths an answer describes; the rest wait for the next call
 MAX_PENDING = 100000    # paths kept between answers (more: the catalog misses some)
 
@@ -45,8 +50,9 @@ NODE_MODULES = [
     "sshfsmux.fs.mount_nesting", "sshfsmux.fs.fuse_glue", "sshfsmux.fs.access_memo",
     "sshfsmux.fs.merged_handles",
     "sshfsmux.fs.link_names", "sshfsmux.fs.merged_changes", "sshfsmux.fs.merged_xattrs",
-    "sshfsmux.fs.merged_fs",
+    "sshfsmux.fs.namespace_copy", "sshfsmux.fs.merged_namespace", "sshfsmux.fs.merged_fs",
     "sshfsmux.direct.export_server", "sshfsmux.gmount.export_scan", "sshfsmux.fs.kernel_cache",
+    "sshfsmux.gmount.export_watch",
     "sshfsmux.gmount.node", "mfusepy",
 ]
 
@@ -89,6 +95,18 @@ def unmount(mountpoint: str) -> str:
     return ""
 
 
+def holders_of(fs: "Any", rel: str) -> "List[List[Any]]":
+    """[rel, size, mtime, node, mode] of every holder of `rel` that the
+    catalog should name (fs has a namespace copy): of a regular file, the
+    copies of the visible version; of anything else, every node holding it."""
+    import stat
+    found = fs.fresh_holders("/" + rel)
+    first = found[0]
+    if stat.S_ISREG(first[3]):
+        found = [h for h in found if h[1] == first[1] and int(h[2]) == int(first[2])]
+    return [[rel, size, mtime, node, mode] for node, size, mtime, mode in found]
+
+
 def copies_of(fs: "Any", rels: "List[str]") -> "Tuple[List[List[Any]], List[str]]":
     """What the merged view says of changed names: ([rel, size, mtime, node]
     for every complete copy, the very list the location xattr names
@@ -104,6 +122,9 @@ def copies_of(fs: "Any", rels: "List[str]") -> "Tuple[List[List[Any]], List[str]
         try:
             if fs is None:
                 raise OSError(errno.ENOENT, "not mounted")
+            if fs.namespace is not None:
+                copies.extend(holders_of(fs, rel))
+                continue
             found = fs.file_copies("/" + rel)
         except OSError as e:
             if e.errno in (errno.ENOENT, errno.ENOTDIR):
@@ -200,6 +221,7 @@ class GMountNode(NodeSide):
         self.go = threading.Event()         # the runner may start FUSE (or give up)
         self.settled = threading.Event()    # FUSE is up, or failed, or stopped
         self.changes_waiting = ChangesWaiting()
+        self.watch: "Any" = None            # ExportWatch, while mounted with peers
 
     def info(self) -> "Dict[str, Any]":
         """What the head learns of this node's service when it starts."""
@@ -209,7 +231,8 @@ class GMountNode(NodeSide):
     def calls(self) -> "Dict[str, Callable[..., None]]":
         return {"mount": self.mount, "umount": self.umount, "scan": self.scan,
                 "changed": self.changed, "drop_peers": self.drop_peers,
-                "changes": self.changes, "adopt": self.adopt, "pin": self.pin_replicas}
+                "changes": self.changes, "adopt": self.adopt, "pin": self.pin_replicas,
+                "listing": self.listing, "ns": self.namespace_changed}
 
     # -- plumbing ------------------------------------------------------------
     def log(self, text: str) -> None:
@@ -241,6 +264,8 @@ class GMountNode(NodeSide):
             self.in_loop(reply, False, "cannot mount %s: %s" % (mountpoint, e))
             return
         self.mount_reply = reply
+        if self.fs.namespace is not None:
+            self._watch_export()
         self.go.set()
         # FUSE's init callback (the mount is up) or the runner's end (it
         # failed) sets `settled`; the bound only covers a libfuse that hangs
@@ -270,7 +295,69 @@ class GMountNode(NodeSide):
                                 node=cfg.host_name, log=self.log, branch_places=cfg.places,
                                 on_ready=self._fuse_ready)
         fs.on_change = self._on_change
+        if len(branches) > 1:
+            fs.namespace = NamespaceCopy(self._ask_listings)
+        calls = self.server.stats["calls"]
+        fs.served = lambda: sum(calls.values())
         return fs
+
+    def _watch_export(self) -> None:
+        """Changes made straight into the export go into the change feed too."""
+        from sshfsmux.gmount.export_watch import ExportWatch
+        try:
+            self.watch = ExportWatch(self.cfg.export, self._on_change, self.log)
+        except OSError as e:
+            self.log("changes made straight into %s show only through the mount: %s"
+                     % (self.cfg.export, e.strerror or e))
+
+    def _unwatch(self) -> None:
+        watch, self.watch = self.watch, None
+        if watch is not None:
+            watch.close()
+
+    # -- the namespace copy (sshfsmux/fs/namespace_copy.py, gmount/namespace_feed.py) ---
+    def _ask_listings(self, keys: "List[str]") -> None:      # a FUSE thread
+        from gxpstyle.protocol import wire
+        host = self.host
+        if host is None:
+            raise OSError(errno.EIO, "not started")
+        self.node.loop.call_soon_threadsafe(lambda: host.send(wire.HEAD, "dirs", {"dirs": keys}))
+
+    def listing(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+        """Listings the head sends for directories this mount asked for."""
+        fs = self.fs
+        if fs is not None and fs.namespace is not None:
+            self._drop_kernel_entries(fs.namespace.fill(args.get("dirs") or {}))
+        reply(True, "", {})
+        self._arm()         # changes that waited for these listings
+
+    def _drop_kernel_entries(self, paths: "List[str]") -> None:
+        kc = self.kcache
+        if kc is not None and paths:
+            self.in_thread(lambda: kc.invalidate_paths(paths, exists=self.in_export))
+
+    def namespace_changed(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+        """Changes the head saw under directories this mount holds: into the
+        copy at once, then out of the kernel's caches (on a thread: never
+        inside a FUSE call); answered once both are done."""
+        fs = self.fs
+        if fs is None or fs.namespace is None:
+            reply(True, "", {})
+            return
+        paths = fs.namespace.update(args.get("dirs") or {})
+        fs.forget_access(paths)
+        kc = self.kcache
+        if kc is None or not paths:
+            reply(True, "", {})
+            return
+
+        def work() -> None:
+            try:
+                kc.invalidate_paths(paths, exists=self.in_export)
+            except Exception as e:
+                self.log("cannot drop kernel caches: %s" % e)
+            self.in_loop(reply, True, "", {})
+        self.in_thread(work)
 
     def _fuse_ready(self) -> None:
         from sshfsmux.fs.kernel_cache import KernelCache
@@ -289,6 +376,7 @@ class GMountNode(NodeSide):
         mountpoint = self.cfg.mountpoint
 
         def work() -> None:
+            self._unwatch()
             err = unmount(mountpoint) if is_mounted(mountpoint) else ""
             self.in_loop(reply, not err, err)
         self.in_thread(work)
@@ -441,9 +529,17 @@ class GMountNode(NodeSide):
                 w.paths.update("/" + r for r in every[CHANGES_PAGE:])
 
         def work() -> None:
-            copies, gone = copies_of(self.fs, rels)
+            # a name in a directory this mount holds no copy of waits for
+            # its listing (asked now; `listing` arms the feed again): the
+            # holders the head should name are this export's and the copy's
+            ns = self.fs.namespace if self.fs is not None else None
+            later = {r for r in rels if ns is not None and ns.listing(os.path.dirname(r)) is None}
+            if later:
+                with w.lock:
+                    w.paths.update("/" + r for r in later)
+            copies, gone = copies_of(self.fs, [r for r in rels if r not in later])
             self.in_loop(reply, True, "", {"copies": copies, "gone": gone})
-        # the merged view asks the peers: not on the node's loop
+        # the merged view may ask the holders: not on the node's loop
         self.in_thread(work)
 
     # -- the node's lifetime ------------------------------------------------------
@@ -451,6 +547,7 @@ class GMountNode(NodeSide):
         self.stopping = True
         self.go.set()
         self.settled.set()
+        self._unwatch()
         if is_mounted(self.cfg.mountpoint):
             unmount(self.cfg.mountpoint)
         self.server.close()

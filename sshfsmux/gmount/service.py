@@ -8,8 +8,10 @@ The head decides, the nodes execute. For a mount, the head
 3. sends every service the list of peers, and each one mounts at MOUNTPOINT the
    merge of its own EXPORT (a local branch, looked up first) with every peer's
    export (direct branches).
-Name lookups go from each node to its peers directly; nothing on the per-lookup
-path goes through the head. `umount` asks every live service to unmount and
+A node's mount answers lookups from its own export and a copy of the
+directories it looked into, listed by the head from the replica catalog and
+kept current by the head (namespace_feed.py): no lookup asks the peers; a
+read goes to one holder, directly. `umount` asks every live service to unmount and
 exit. A service that died while its node lives is reported lost like a node,
 and `umount` removes its dead mount there (lazily: `fusermount -u -z`); a node
 that died took its mount with it. The survivors' mounts treat a dead peer as an
@@ -28,9 +30,11 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tupl
 from gxpstyle.config import limits
 from gxpstyle.protocol import wire
 from gxpstyle.api.interfaces import ReplicaAPI
-from gxpstyle.protocol.schema import Bool, Int, Opt, Rec, Str
+from gxpstyle.protocol.schema import Bool, Int, ListOf, Opt, Rec, Str
+from gxpstyle.api.node_side import Message
 from gxpstyle.api.services import Service, Verb, after
 from sshfsmux.gmount import file_records
+from sshfsmux.gmount.namespace_feed import NamespaceFeed
 from sshfsmux.fs import mount_nesting
 
 from sshfsmux.gmount.node import NODE_MODULES as MODULES   # the mount code's own list
@@ -46,6 +50,8 @@ MOUNT_ARGS = Rec({"export": Str(4096, empty=False), "mountpoint": Str(4096, empt
                   "cache_size": Int(*limits.RANGES["cache_size"][:2]),
                   "timeout": Int(*limits.RANGES["mount_timeout"][:2])})
 UMOUNT_ARGS = Rec(None, {"mountpoint": Opt(Str(4096, empty=False))})
+# a node's mount asks for the listings of directories it looks into
+DIRS_MSG = Rec({"dirs": ListOf(Str(4096), 1024)})
 
 
 def nested(a: str, b: str) -> bool:
@@ -65,6 +71,7 @@ class Mount:
     pending: Set[str] = field(default_factory=set)
     mounted: List[str] = field(default_factory=list)
     adopted: Set[tuple] = field(default_factory=set)   # (node id, rel): copies in its replica store
+    scans: int = 0                                       # exports not yet in the catalog
 
 
 class GMountService(Service):
@@ -83,6 +90,24 @@ class GMountService(Service):
         self._detaching: Dict[Any, Callable[[str], None]] = {}
         # files_changed of this loop round: (node, paths, done), sent at its end
         self._changes: List[Any] = []
+        self.feed = NamespaceFeed(head, replicas, self._exports)
+
+    def node_messages(self) -> Dict[str, Message]:
+        return {"dirs": Message(DIRS_MSG, self._dirs_asked)}
+
+    def _dirs_asked(self, sid: str, body: Dict[str, Any]) -> None:
+        for m in self.mounts.values():
+            if sid in m.services.values():
+                self.feed.asked(m.mountpoint, sid, list(body["dirs"]))
+                return
+
+    def _exports(self, mountpoint: str) -> Tuple[Dict[str, str], Set[Tuple[str, str]]]:
+        """The nodes whose exports mount `mountpoint` merges (id -> name, as
+        the peers know them) and its copies in replica stores (node id, rel)."""
+        m = self.mounts.get(mountpoint)
+        if m is None:
+            return {}, set()
+        return {nid: self._name(nid) for nid in m.services}, m.adopted
 
     def verbs(self) -> Dict[str, Verb]:
         return {"mount": Verb(self.request_mount, MOUNT_ARGS),
@@ -128,6 +153,7 @@ class GMountService(Service):
             raise ValueError("mount: the mount code is not installed: %s" % e)
         m = Mount(export, mountpoint, cid, req, pending=set(nodes))
         self.mounts[mountpoint] = m
+        self.feed.add_mount(mountpoint)
         config = {"export": export, "mountpoint": mountpoint,
                   "ro": bool(args.get("ro")), "cipher": bool(args.get("cipher", True)),
                   "allow_other": bool(args.get("allow_other")), "cache_size": args.get("cache_size")}
@@ -182,10 +208,19 @@ class GMountService(Service):
     def _finish_mount(self, m: Mount) -> None:
         if not m.mounted:
             self.mounts.pop(m.mountpoint, None)
+            self.feed.forget_mount(m.mountpoint)
         self.head.reply(m.client, m.req, 1 if m.failed else 0,
                         {"mounted": sorted(m.mounted), "failed": m.failed})
+        m.scans = len(m.services)
         for nid, sid in m.services.items():
             self._scan(m, nid, sid, 0, [])
+        if not m.scans:
+            self.feed.scanned(m.mountpoint)
+
+    def _scanned(self, m: Mount) -> None:
+        m.scans -= 1
+        if m.scans <= 0:
+            self.feed.scanned(m.mountpoint)
 
     # -- the replica catalog (gxpstyle/replicas/catalog.py) ---------------------
     def _scan(self, m: Mount, nid: str, sid: str, offset: int, files: List[Any]) -> None:
@@ -194,6 +229,7 @@ class GMountService(Service):
         def page(ok: bool, error: str, result: Dict[str, Any]) -> None:
             if not ok:
                 self.head.log("gmount: scan of %s: %s" % (self._name(nid), error))
+                self._scanned(m)
                 return
             got = file_records.parse(file_records.ScannedFile, result.get("files"))
             files.extend(got)
@@ -201,6 +237,7 @@ class GMountService(Service):
                 self._scan(m, nid, sid, offset + len(got), files)
             elif self.mounts.get(m.mountpoint) is m:
                 self.catalog.replace_tree(nid, m.mountpoint, files)
+                self._scanned(m)
                 self._watch(m, nid, sid)
         self.head.call_role(sid, "scan", {"offset": offset}, page)
 
@@ -218,13 +255,19 @@ class GMountService(Service):
             # location xattr names them (Xattrs.copies): the catalog takes
             # that list whole, so the two agree
             by_name = {self._name(n): n for n in m.services if self.head.node(n) is not None}
-            copies: Dict[str, Dict[str, Tuple[int, float]]] = {}
+            copies: Dict[str, Dict[str, Tuple[int, float, int]]] = {}
             for c in file_records.parse(file_records.FileCopy, result.get("copies")):
                 where = copies.setdefault(c.rel, {})
                 if c.node in by_name:
-                    where[by_name[c.node]] = (c.size, c.mtime)
+                    where[by_name[c.node]] = (c.size, c.mtime, c.mode)
+            changed = []
             for rel, where in copies.items():
-                self.catalog.set_replicas(os.path.join(m.mountpoint, rel), where)
+                path = os.path.join(m.mountpoint, rel)
+                before = self.catalog.entry(path)
+                self.catalog.set_replicas(path, where)
+                if self.catalog.entry(path) != before:
+                    changed.append(rel)
+            self.feed.touched(m.mountpoint, changed)
             gone = [str(rel) for rel in result.get("gone") or []]
             if gone:
                 # no file under those names in any branch of the merged view
@@ -236,6 +279,7 @@ class GMountService(Service):
                 def forget() -> None:
                     for rel in gone:
                         self.catalog.remove(os.path.join(m.mountpoint, rel))
+                    self.feed.touched(m.mountpoint, gone)
                 self._invalidate(m, sid, gone, forget)
             self._watch(m, nid, sid)
         self.head.call_role(sid, "changes", {}, answered)
@@ -297,9 +341,17 @@ class GMountService(Service):
                     there = self.head.node(nid)
                     if not self.head.is_up(sid) or there is None:
                         continue
+                    holder = there.hostname == host
+                    if not holder and host is not None and len(m.services) > 1:
+                        # the holder describes them and the namespace feed
+                        # tells the nodes holding the directory, if anything
+                        # changed; the others hold nothing of it
+                        # (namespace_copy.py). A failed recipe's files ("")
+                        # are described by nobody: every mount drops them.
+                        continue
                     touched = True
                     lists = calls.setdefault((m.mountpoint, nid, sid), [{}, {}])
-                    lists[0 if there.hostname == host else 1][rel] = None
+                    lists[0 if holder else 1][rel] = None
             if touched:
                 waiting.append(done)
             else:
@@ -323,23 +375,32 @@ class GMountService(Service):
                          nid: str = nid, sid: str = sid, rels: List[str] = rels,
                          holder: bool = holder) -> None:
                 if ok and holder:
-                    self._record(m, nid, rels, result.get("files") or [])
-                elif not ok:
+                    changed = self._record(m, nid, rels, result.get("files") or [])
+                    # the nodes holding these directories take the change before make hears
+                    self.feed.touched(m.mountpoint, changed, lambda: acted((sid, holder)))
+                    return
+                if not ok:
                     self.head.log("gmount: %s: changed files: %s" % (self._name(nid), error))
                 acted((sid, holder))
             self.head.call_role(sid, "changed", {"paths": rels, "describe": holder}, answered)
 
-    def _record(self, m: Mount, nid: str, rels: List[str], files: List[Any]) -> None:
+    def _record(self, m: Mount, nid: str, rels: List[str], files: List[Any]) -> List[str]:
+        """The catalog takes what node `nid`'s export holds of `rels`;
+        returns those whose entry changed (what the nodes' copies must hear)."""
+        before = {rel: self.catalog.entry(os.path.join(m.mountpoint, rel)) for rel in rels}
         seen = set()
         for f in file_records.parse(file_records.DescribedFile, files):
             seen.add(f.rel)
-            self.catalog.add(os.path.join(m.mountpoint, f.rel), nid, f.size, f.mtime, f.sha256)
+            self.catalog.add(os.path.join(m.mountpoint, f.rel), nid, f.size, f.mtime, f.sha256,
+                             f.mode)
         for rel in rels:
             # not a file here (removed, or a directory), unless a copy was
             # put in its replica store (an unlink through a mount removes
             # the name everywhere: _watch)
             if rel not in seen and (nid, rel) not in m.adopted:
                 self.catalog.remove(os.path.join(m.mountpoint, rel), nid)
+        return [rel for rel in rels
+                if self.catalog.entry(os.path.join(m.mountpoint, rel)) != before.get(rel)]
 
     # -- planned transfers (make_backend/head/transfer_plan.py) ------------------------
     def _service_on(self, node: str, path: str) -> Optional[tuple]:
@@ -375,6 +436,11 @@ class GMountService(Service):
             done(ok, error, nid)
         self.head.call_role(sid, "adopt", {"file": file, "path": rel}, answered)
         return True
+
+    def settle(self, node: str, done: Callable[[], None]) -> None:
+        """A recipe is about to start on `node`: done() once every change the
+        head has sent the nodes' namespace copies is taken (namespace_feed)."""
+        self.feed.barrier(done)
 
     def pin_replicas(self, node: str, paths: List[str], pin: bool,
                      done: Callable[[], None]) -> None:
@@ -442,6 +508,7 @@ class GMountService(Service):
 
         for m in targets:
             self.mounts.pop(m.mountpoint, None)
+            self.feed.forget_mount(m.mountpoint)
             self.catalog.forget_tree(m.mountpoint)
             for nid, sid in m.services.items():
                 node = self.head.node(sid)
@@ -495,6 +562,7 @@ class GMountService(Service):
                 if wire.is_descendant(nid, lost) and self.head.node(sid) is not None:
                     # The host itself is gone: so is its mount.
                     self.head.retire_role(sid)
+                    self.feed.service_gone(sid)
                     gone.append(self._name(nid))
             if not gone:
                 continue

@@ -109,3 +109,24 @@ def test_rss_with_a_million_entries():
     entries, grown = int(out[0]), int(out[1])
     assert entries == 10 ** 6
     assert grown / entries < 300, "%.0f B an entry" % (grown / entries)
+
+
+def test_directories_and_links_are_names_not_replicas():
+    """The namespace a mount's nodes read (issue 26): a directory is held by
+    every node that has it, whatever its mtime; it is listed, with its mode,
+    but is no replica for placement."""
+    import stat
+    c = ReplicaCatalog()
+    d, ln = stat.S_IFDIR | 0o755, stat.S_IFLNK | 0o777
+    c.add("/m/src", "0.1", 4096, 1.0, None, d)
+    c.add("/m/src", "0.2", 4096, 7.0, None, d)          # another mtime: still held by both
+    c.add("/m/src/a.c", "0.2", 10, 2.0, None, stat.S_IFREG | 0o644)
+    c.add("/m/src/link", "0.1", 3, 2.0, None, ln)
+    assert c.replicas("/m/src") == {} and c.holders("/m/src") == []
+    assert [h[0] for h in c.entry("/m/src")] == ["0.1", "0.2"]
+    assert c.listing("/m/src") == {"a.c": [("0.2", 10, 2.0, stat.S_IFREG | 0o644)],
+                                   "link": [("0.1", 3, 2.0, ln)]}
+    assert c.replace_tree("0.2", "/m", [("src", 4096, 8.0, d), ("src/b.c", 1, 3.0)]) == 2
+    assert "a.c" not in c.listing("/m/src") and [h[0] for h in c.entry("/m/src")] == ["0.1", "0.2"]
+    assert c.set_replicas("/m/src/b.c", {"0.1": (2, 4.0, stat.S_IFREG | 0o600)})
+    assert c.entry("/m/src/b.c") == [("0.1", 2, 4.0, stat.S_IFREG | 0o600)]

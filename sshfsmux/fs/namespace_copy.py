@@ -1,0 +1,160 @@
+"""A mount's copy of the namespace: the directories it has looked into, as the
+head's catalog lists them, kept current by the changes the head sends.
+
+A GMount node answers lookups of names its own export lacks from here, not by
+asking every peer (issue 26): the first look into a directory fetches its
+listing from the head in one round trip (every name in it, each with its
+holders: node, size, mtime, mode), and from then on the head sends the
+directory's changes as they happen. Memory grows with the directories looked
+into, not with the namespace.
+
+Directories are keyed by their path below the mount's root without slashes at
+either end ("" is the root); a holder is a tuple (node, size, mtime, mode).
+FUSE threads read (`holders`, `listing`: None while a directory is being
+fetched); the node's loop fills and updates (`fill`, `update`).
+
+Node side: standard library, Python 3.8 syntax.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+
+    Holder = Tuple[str, int, float, int]
+    Listing = Dict[str, Tuple[Holder, ...]]
+
+
+def split(path: str) -> "Tuple[str, str]":
+    """A mount path ("/a/b/c") as (directory key "a/b", name "c")."""
+    d, name = os.path.split(path.strip("/"))
+    return d, name
+
+
+def holder_tuples(items: "Any") -> "Tuple[Holder, ...]":
+    """Holders from the wire ([node, size, mtime, mode] each), malformed ones left out."""
+    out = []
+    for h in items if isinstance(items, list) else []:
+        if isinstance(h, list) and len(h) == 4:
+            try:
+                out.append((str(h[0]), int(h[1]), float(h[2]), int(h[3])))
+            except (TypeError, ValueError):
+                continue
+    return tuple(out)
+
+
+class NamespaceCopy:
+    """The directories one mount has looked into. `fetch(keys)` asks the head
+    for listings (it must not wait: the answer comes back through fill; an
+    exception: not asked, the next look tries again)."""
+
+    def __init__(self, fetch: "Callable[[List[str]], None]") -> None:
+        self.fetch = fetch
+        self.lock = threading.Lock()
+        self.dirs: "Dict[str, Listing]" = {}
+        self.asked: "Dict[str, bool]" = {}         # listings asked for, not yet come
+        # names found by asking every branch while their directory's listing
+        # was on its way: the kernel may hold them, unseen by the head's changes
+        self.looked: "Dict[str, Set[str]]" = {}
+
+    # -- reads (FUSE threads) ----------------------------------------------------
+    def listing(self, key: str) -> "Optional[Listing]":
+        """Directory `key`'s names and holders, or None while the copy lacks
+        it: then the head is asked for it (once) and the caller finds the
+        name the way a mount without a copy does. A FUSE call never waits
+        for the head: the node's agent may itself be waiting on this mount
+        (a job's chdir into it), and the head's answer comes through it."""
+        with self.lock:
+            got = self.dirs.get(key)
+            if got is not None or key in self.asked:
+                return got
+            self.asked[key] = True
+        try:
+            self.fetch([key])
+        except Exception:
+            with self.lock:
+                self.asked.pop(key, None)
+        return None
+
+    def holders(self, path: str) -> "Optional[Tuple[Holder, ...]]":
+        """Who holds `path` ("/a/b"), () if nobody does, None if the copy
+        lacks its directory."""
+        d, name = split(path)
+        listing = self.listing(d)
+        return None if listing is None else listing.get(name, ())
+
+    def looked_up(self, path: str) -> None:
+        """`path` was found without the copy (its listing is on its way)."""
+        d, name = split(path)
+        with self.lock:
+            if d in self.asked:
+                self.looked.setdefault(d, set()).add(name)
+
+    def held(self, key: str) -> bool:
+        with self.lock:
+            return key in self.dirs
+
+    def count(self) -> int:
+        """Directories held (what memory grows with)."""
+        with self.lock:
+            return len(self.dirs)
+
+    # -- changes (the node's loop, and this mount's own changes) -------------------
+    def fill(self, listings: "Dict[str, Any]") -> "List[str]":
+        """Listings the head sent: held from now on (replacing any older one).
+        Returns the paths found without them meanwhile (the kernel's entries
+        of those are to be dropped: a change before the head listed them
+        reached no one)."""
+        found: "List[str]" = []
+        with self.lock:
+            for key, names in listings.items():
+                self.dirs[key] = {str(n): holder_tuples(hs) for n, hs in
+                                  (names.items() if isinstance(names, dict) else [])}
+                self.asked.pop(key, None)
+                found.extend("/" + (key + "/" if key else "") + n for n in self.looked.pop(key, ()))
+        return found
+
+    def update(self, changes: "Dict[str, Any]") -> "List[str]":
+        """Changes the head sent (key -> name -> holders, [] for gone) to
+        directories held; returns the mount paths ("/a/b") they touched."""
+        touched = []
+        with self.lock:
+            for key, names in changes.items():
+                listing = self.dirs.get(key)
+                if listing is None or not isinstance(names, dict):
+                    continue
+                for name, hs in names.items():
+                    got = holder_tuples(hs)
+                    if got:
+                        listing[str(name)] = got
+                    else:
+                        listing.pop(str(name), None)
+                    touched.append("/" + (key + "/" if key else "") + str(name))
+        return touched
+
+    def set_holders(self, path: str, node: str, holder: "Optional[Holder]") -> None:
+        """This mount changed `path` on `node`'s export (holder None: removed
+        there): its copy says so at once, before the head's word comes back."""
+        d, name = split(path)
+        with self.lock:
+            listing = self.dirs.get(d)
+            if listing is None:
+                return
+            others = tuple(h for h in listing.get(name, ()) if h[0] != node)
+            now = others + ((holder,) if holder is not None else ())
+            if now:
+                listing[name] = now
+            else:
+                listing.pop(name, None)
+
+    def forget_under(self, paths: "Iterable[str]") -> None:
+        """Directories renamed or removed: their listings (and those below) are
+        fetched again at the next look."""
+        with self.lock:
+            for p in paths:
+                key = p.strip("/")
+                for k in [k for k in self.dirs if k == key or k.startswith(key + "/")]:
+                    del self.dirs[k]

@@ -1,0 +1,197 @@
+"""GMount's head side of the nodes' namespace copies (sshfsmux/fs/namespace_copy.py).
+
+A node's mount asks for a directory's listing the first time it looks into
+it (a `dirs` message: the keys of the directories, "" for the root, "a/b"
+below). The head answers from the replica catalog, every name with its
+holders (node name, size, mtime, mode; copies in replica stores are not
+exports and are left out), with a `listing` call, and from then on keeps
+that node among the directory's subscribers: every change the catalog takes
+under it (a mount's change feed, a recipe's outputs, a node lost) goes to
+each subscriber as an `ns` call, the changes of one loop round in one call
+per node. Before every node's export is in the catalog (the scans after a
+mount), listings wait.
+
+Memory: a set of service ids per directory some node looked into.
+
+Head side.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Set, Tuple
+
+from gxpstyle.api.interfaces import ReplicaAPI
+
+if TYPE_CHECKING:
+    from gxpstyle.api.head_api import HeadAPI
+
+Entries = Dict[str, List[List[Any]]]     # name -> [[node name, size, mtime, mode], ...]
+
+
+def key_of(rel: str) -> Tuple[str, str]:
+    """A path below the mountpoint ("a/b/c") as (directory key "a/b", name "c")."""
+    d, name = os.path.split(rel.strip("/"))
+    return d, name
+
+
+class MountFeed:
+    """One mount's subscriptions and the names changed since the last send."""
+
+    def __init__(self, mountpoint: str) -> None:
+        self.mountpoint = mountpoint
+        self.by_dir: Dict[str, Set[str]] = {}       # key -> service ids holding a copy
+        self.by_sid: Dict[str, Set[str]] = {}
+        self.changed: Dict[str, Set[str]] = {}      # key -> names changed this round
+        self.ready = False                          # every scan is in the catalog
+        self.waiting: List[Tuple[str, List[str]]] = []   # (sid, keys) asked before ready
+
+    def subscribe(self, sid: str, key: str) -> None:
+        self.by_dir.setdefault(key, set()).add(sid)
+        self.by_sid.setdefault(sid, set()).add(key)
+
+    def drop(self, sid: str) -> None:
+        for key in self.by_sid.pop(sid, set()):
+            subs = self.by_dir.get(key)
+            if subs is not None:
+                subs.discard(sid)
+                if not subs:
+                    del self.by_dir[key]
+
+
+class NamespaceFeed:
+    """Listings for the nodes, and the changes to the directories they hold.
+    `holders_of(mount, key)` gives the nodes (id -> name) whose exports
+    count and the store copies to leave out, per mount (GMountService)."""
+
+    def __init__(self, head: "HeadAPI", catalog: ReplicaAPI,
+                 exports: Callable[[str], Tuple[Dict[str, str], Set[Tuple[str, str]]]]) -> None:
+        self.head = head
+        self.catalog = catalog
+        self.exports = exports
+        self.mounts: Dict[str, MountFeed] = {}
+        self.done_waiting: List[Callable[[], None]] = []
+        # each send is a generation: its calls not yet answered, and who waits
+        # for it and every earlier one (a change sent before must be taken too)
+        self.generation = 0
+        self.unanswered: Dict[int, int] = {}
+        self.waiters: List[Tuple[int, Callable[[], None]]] = []
+        self.flush_armed = False
+        self.directories_listed = 0
+
+    def add_mount(self, mountpoint: str) -> MountFeed:
+        feed = self.mounts[mountpoint] = MountFeed(mountpoint)
+        return feed
+
+    def forget_mount(self, mountpoint: str) -> None:
+        self.mounts.pop(mountpoint, None)
+
+    def service_gone(self, sid: str) -> None:
+        for feed in self.mounts.values():
+            feed.drop(sid)
+
+    # -- listings ------------------------------------------------------------------
+    def entries(self, mountpoint: str, key: str, names: Any = None) -> Entries:
+        """Directory `key`'s names (or only `names`) with their export holders."""
+        nodes, stored = self.exports(mountpoint)
+        base = os.path.join(mountpoint, key) if key else mountpoint
+        if names is None:
+            listed = self.catalog.listing(base)
+        else:
+            listed = {n: self.catalog.entry(os.path.join(base, n)) for n in names}
+        out: Entries = {}
+        rel_base = key + "/" if key else ""
+        for name, holders in listed.items():
+            found = [[nodes[n], s, m, md] for n, s, m, md in holders
+                     if n in nodes and (n, rel_base + name) not in stored]
+            if found or names is not None:      # a change to no holder: gone
+                out[name] = found
+        return out
+
+    def asked(self, mountpoint: str, sid: str, keys: List[str]) -> None:
+        """A node's mount asks for listings (a `dirs` message)."""
+        feed = self.mounts.get(mountpoint)
+        if feed is None:
+            return
+        if not feed.ready:
+            feed.waiting.append((sid, keys))
+            return
+        listings = {}
+        for key in keys:
+            key = key.strip("/")
+            feed.subscribe(sid, key)
+            listings[key] = self.entries(mountpoint, key)
+        self.directories_listed += len(listings)
+
+        def answered(ok: bool, error: str, result: Dict[str, Any]) -> None:
+            if not ok:
+                self.head.log("gmount: listing for %s: %s" % (sid, error))
+        self.head.call_role(sid, "listing", {"dirs": listings}, answered)
+
+    def scanned(self, mountpoint: str) -> None:
+        """Every node's export is in the catalog: listings may go out."""
+        feed = self.mounts.get(mountpoint)
+        if feed is None or feed.ready:
+            return
+        feed.ready = True
+        waiting, feed.waiting = feed.waiting, []
+        for sid, keys in waiting:
+            self.asked(mountpoint, sid, keys)
+
+    # -- changes -------------------------------------------------------------------
+    def touched(self, mountpoint: str, rels: List[str],
+                done: "Callable[[], None] | None" = None) -> None:
+        """The catalog changed under these names (relative to the mountpoint):
+        at the end of this loop round their subscribers hear it; done() once
+        every one of them has taken it, and every change sent before."""
+        feed = self.mounts.get(mountpoint)
+        if feed is not None:
+            for rel in rels:
+                key, name = key_of(rel)
+                if name and key in feed.by_dir:
+                    feed.changed.setdefault(key, set()).add(name)
+        if done is not None:
+            self.done_waiting.append(done)
+        if not self.flush_armed:
+            self.flush_armed = True
+            self.head.at_end(self._send)
+
+    def barrier(self, done: Callable[[], None]) -> None:
+        """done() once every change heard so far has been taken by the
+        nodes holding its directory (at once when none is on its way)."""
+        if self.flush_armed:
+            self.done_waiting.append(done)
+            return
+        self.waiters.append((self.generation, done))
+        self._release()
+
+    def _send(self) -> None:
+        self.flush_armed = False
+        self.generation += 1
+        gen = self.generation
+        self.waiters.extend((gen, done) for done in self.done_waiting)
+        self.done_waiting = []
+        calls: Dict[str, Dict[str, Entries]] = {}
+        for mp, feed in self.mounts.items():
+            changed, feed.changed = feed.changed, {}
+            for key, names in changed.items():
+                entries = self.entries(mp, key, sorted(names))
+                for sid in feed.by_dir.get(key, ()):
+                    calls.setdefault(sid, {})[key] = entries
+        if calls:
+            self.unanswered[gen] = len(calls)
+        for sid, dirs in calls.items():
+            def answered(ok: bool, error: str, result: Dict[str, Any]) -> None:
+                self.unanswered[gen] -= 1
+                if not self.unanswered[gen]:
+                    del self.unanswered[gen]
+                    self._release()
+            self.head.call_role(sid, "ns", {"dirs": dirs}, answered)
+        self._release()
+
+    def _release(self) -> None:
+        """done() of every waiter whose generation and all before it are answered."""
+        oldest = min(self.unanswered) if self.unanswered else self.generation + 1
+        ready = [done for gen, done in self.waiters if gen < oldest]
+        self.waiters = [(gen, done) for gen, done in self.waiters if gen >= oldest]
+        for done in ready:
+            done()

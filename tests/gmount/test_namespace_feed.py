@@ -1,0 +1,106 @@
+"""The namespace copies of a GMount (issue 26), without a test bed: the head's
+feed (sshfsmux/gmount/namespace_feed.py) lists directories from the catalog
+once every export is in, sends each change only to the nodes holding its
+directory, and says a change is taken only once every earlier one is; a
+node's copy (sshfsmux/fs/namespace_copy.py) never waits for the head."""
+from __future__ import annotations
+
+import stat
+
+from gxpstyle.replicas.catalog import ReplicaCatalog
+from sshfsmux.fs.namespace_copy import NamespaceCopy
+from sshfsmux.gmount.namespace_feed import NamespaceFeed
+
+MP = "/mnt/gx"
+REG, DIR = stat.S_IFREG | 0o644, stat.S_IFDIR | 0o755
+
+
+class FakeHead:
+    def __init__(self):
+        self.calls = []         # (sid, call, args, done)
+        self.ends = []
+
+    def call_role(self, sid, call, args, done):
+        self.calls.append((sid, call, args, done))
+
+    def at_end(self, fn):
+        self.ends.append(fn)
+
+    def end_round(self):
+        ends, self.ends = self.ends, []
+        for fn in ends:
+            fn()
+
+    def log(self, text):
+        pass
+
+
+def feed_with_files():
+    catalog = ReplicaCatalog()
+    catalog.add(MP + "/src", "0.1", 4096, 1.0, None, DIR)
+    catalog.add(MP + "/src", "0.2", 4096, 1.0, None, DIR)
+    catalog.add(MP + "/src/a.c", "0.2", 10, 2.0, None, REG)
+    catalog.add(MP + "/src/a.o", "0.3", 99, 3.0, None, REG)       # only in 0.3's replica store
+    head = FakeHead()
+    names = {"0.1": "n1", "0.2": "n2", "0.3": "n3"}
+    feed = NamespaceFeed(head, catalog, lambda mp: (names, {("0.3", "src/a.o")}))
+    feed.add_mount(MP)
+    return head, catalog, feed
+
+
+def test_listings_wait_for_the_scans_and_name_export_holders_only():
+    head, catalog, feed = feed_with_files()
+    feed.asked(MP, "s1", ["src"])
+    assert head.calls == []
+    feed.scanned(MP)
+    (sid, call, args, _), = head.calls
+    assert (sid, call) == ("s1", "listing")
+    assert args["dirs"] == {"src": {"a.c": [["n2", 10, 2.0, REG]]}}
+    feed.asked(MP, "s1", [""])
+    assert head.calls[-1][2]["dirs"][""] == {"src": [["n1", 4096, 1.0, DIR], ["n2", 4096, 1.0, DIR]]}
+
+
+def test_changes_go_to_the_holders_of_the_directory_and_done_waits_for_every_earlier_one():
+    head, catalog, feed = feed_with_files()
+    feed.scanned(MP)
+    feed.asked(MP, "s1", ["src"])
+    feed.asked(MP, "s2", [""])
+    head.calls.clear()
+    catalog.add(MP + "/src/b.c", "0.1", 5, 4.0, None, REG)
+    feed.touched(MP, ["src/b.c"])
+    head.end_round()
+    (sid, call, args, answer_first), = head.calls
+    assert (sid, call, args) == ("s1", "ns", {"dirs": {"src": {"b.c": [["n1", 5, 4.0, REG]]}}})
+    # a recipe's output, pushed while the first push is unanswered: make
+    # hears only once both are taken (and a recipe starts only then)
+    catalog.remove(MP + "/src/a.c")
+    taken, started = [], []
+    feed.touched(MP, ["src/a.c"], lambda: taken.append(1))
+    head.end_round()
+    feed.barrier(lambda: started.append(1))
+    answer_second = head.calls[-1][3]
+    assert head.calls[-1][2] == {"dirs": {"src": {"a.c": []}}}
+    answer_second(True, "", {})
+    assert taken == [] and started == []
+    answer_first(True, "", {})
+    assert taken == [1] and started == [1]
+    feed.barrier(lambda: started.append(2))
+    assert started == [1, 2]           # nothing on its way: at once
+
+
+def test_a_nodes_copy_never_waits_and_drops_what_it_found_meanwhile():
+    asked = []
+    ns = NamespaceCopy(asked.append)
+    assert ns.holders("/src/a.c") is None and asked == [["src"]]
+    assert ns.holders("/src/b.c") is None and asked == [["src"]]    # asked once
+    ns.looked_up("/src/b.c")
+    found = ns.fill({"src": {"a.c": [["n2", 10, 2.0, REG]], "bad": [["n2"]]}})
+    assert found == ["/src/b.c"]
+    assert ns.holders("/src/a.c") == (("n2", 10, 2.0, REG),) and ns.holders("/src/bad") == ()
+    assert ns.update({"src": {"a.c": [], "new": [["n1", 1, 5.0, REG]]}, "other": {"x": []}}) == [
+        "/src/a.c", "/src/new"]
+    assert ns.holders("/src/a.c") == () and ns.holders("/src/new")[0][0] == "n1"
+    ns.set_holders("/src/new", "n3", ("n3", 1, 5.0, REG))
+    assert [h[0] for h in ns.holders("/src/new")] == ["n1", "n3"]
+    ns.forget_under(["/src"])
+    assert ns.count() == 0 and ns.holders("/src/new") is None
