@@ -31,7 +31,7 @@ VENV = os.environ.get("GXP_VENV", "/opt/gxpstyle/venv")
 GXPC = os.path.join(VENV, "bin", "gxpc")
 
 
-def ensure_anchor(program: str, package: str) -> "str | None":
+def ensure_anchor(program: str, package: str) -> str | None:
     """The path of an anchor program, installed with apt-get first when it is
     missing and we are root (benchmarks bring their own anchors, as the tests
     do); None when it cannot be had (the case is then left out and said so)."""
@@ -103,7 +103,7 @@ def busy_share(before: tuple, after: tuple) -> float:
     return (after[0] - before[0]) / max(1, after[1] - before[1])
 
 
-def proc_cpu(pid: int) -> "float | None":
+def proc_cpu(pid: int) -> float | None:
     """utime + stime of pid in seconds."""
     try:
         with open("/proc/%d/stat" % pid) as f:
@@ -154,7 +154,7 @@ class Bench:
 
     def __init__(self, log) -> None:
         self.log = log
-        self.bed: "testbed.TestBed | None" = None
+        self.bed: testbed.TestBed | None = None
         self.user = None
         self.session = None          # the session currently open (a dir), if any
         self.fuse_token = None       # this run's hold on /dev/fuse 0666
@@ -172,7 +172,7 @@ class Bench:
         v = self.samples.get(key)
         return statistics.median(v) if v else None
 
-    def add_cpu(self, key: str, before: tuple, after: "tuple | None" = None) -> None:
+    def add_cpu(self, key: str, before: tuple, after: tuple | None = None) -> None:
         """key busy (share of all CPUs) and key cpu s (CPU-seconds of the machine)
         between two cpu_busy() readings (after: now)."""
         after = after if after is not None else cpu_busy()
@@ -315,7 +315,7 @@ class GMountBench(Bench):
 
     leftover_fuse_only = True
     call_timeout = 1800
-    hosts: "list[str]" = []
+    hosts: list[str] = []
     host_glob = ""
     bandwidth = None
 

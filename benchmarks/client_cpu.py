@@ -32,9 +32,8 @@ import os
 import sys
 import uuid
 
-from bench_harness import GXPC, Bench, BenchError, log, main_driver, ratio_text, value_text
-
 import testbed  # noqa: E402  (bench_harness put tests/ on the path)
+from bench_harness import GXPC, Bench, BenchError, log, main_driver, ratio_text, value_text
 
 GOAL_RATIO = 2.0
 

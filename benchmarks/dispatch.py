@@ -53,9 +53,8 @@ import shutil
 import sys
 import uuid
 
-from bench_harness import GXPC, Bench, BenchError, ensure_anchor, log, main_driver, ratio_text, user_pids
-
 import testbed  # noqa: E402  (bench_harness put tests/ on the path)
+from bench_harness import GXPC, Bench, BenchError, ensure_anchor, log, main_driver, ratio_text, user_pids
 
 JOBS = 32
 CASES = ("make", "gxpc make", "parallel", "mount make", "hosts gmount", "hosts shared", "parallel ssh")

@@ -53,8 +53,18 @@ import sys
 import time
 import uuid
 
-from bench_harness import (Bench, BenchError, cpu_busy, log, main_driver, proc_cmdline, proc_cpu,
-                           ratio_text, user_pids, value_text)
+from bench_harness import (
+    Bench,
+    BenchError,
+    cpu_busy,
+    log,
+    main_driver,
+    proc_cmdline,
+    proc_cpu,
+    ratio_text,
+    user_pids,
+    value_text,
+)
 
 N_HOSTS = 32
 HOST_CASES = (8, 16, 32)
@@ -104,7 +114,7 @@ class ExploreBench(Bench):
         # self.made_dirs: the /tmp/gxpbench-* of the sessions; self.info: depths, node counts
 
     # -- helpers -----------------------------------------------------------
-    def anchor(self, mode: str, kind: str, args, key: "str | None" = None) -> float:
+    def anchor(self, mode: str, kind: str, args, key: str | None = None) -> float:
         b0 = cpu_busy()
         r = self.bed.run_as(self.user.name, ["python3", "-c", ANCHOR, mode, kind] + [str(a) for a in args],
                             capture_output=True, text=True, timeout=CALL_TIMEOUT)
@@ -123,7 +133,7 @@ class ExploreBench(Bench):
         self.made_dirs.append(top)
         self.session = os.path.join(top, "session")
 
-    def close_session(self, key: "str | None" = None) -> None:
+    def close_session(self, key: str | None = None) -> None:
         """Quit the open session (timed into key), wait until no process of the
         user is left, kill stragglers, remove the session's directory."""
         if self.session is None:
@@ -389,7 +399,7 @@ def _free_gib() -> float:
     return kib / (1 << 20)
 
 
-def _rss_kib(pid: int) -> "float | None":
+def _rss_kib(pid: int) -> float | None:
     try:
         with open("/proc/%d/status" % pid) as f:
             for line in f:

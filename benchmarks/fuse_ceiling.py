@@ -65,7 +65,7 @@ def read_all(d: str, n: int) -> float:
     return sum(sizes) / (time.perf_counter() - t) / 1e6
 
 
-def server_pid(mnt: str) -> "int | None":
+def server_pid(mnt: str) -> int | None:
     """The FUSE server process serving mnt (its command line ends with it)."""
     for e in os.listdir("/proc"):
         if e.isdigit():
@@ -79,7 +79,7 @@ def server_pid(mnt: str) -> "int | None":
     return None
 
 
-def cpu_s(pid: "int | None") -> float:
+def cpu_s(pid: int | None) -> float:
     """utime + stime of pid (all its threads), in seconds (0 without a pid)."""
     if pid is None:
         return 0.0

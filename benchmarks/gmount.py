@@ -44,8 +44,17 @@ import os
 import sys
 import uuid
 
-from bench_harness import (Bench, BenchError, ensure_anchor, fuse_at, log, main_driver, ratio_text,
-                           user_pids, value_text)
+from bench_harness import (
+    Bench,
+    BenchError,
+    ensure_anchor,
+    fuse_at,
+    log,
+    main_driver,
+    ratio_text,
+    user_pids,
+    value_text,
+)
 
 N_HOSTS = 32
 HOST_CASES = (8, 16, 32)

@@ -59,7 +59,7 @@ import sys
 import time
 import uuid
 
-from bench_harness import GMountBench, BenchError, log, main_driver, ratio_text
+from bench_harness import BenchError, GMountBench, log, main_driver, ratio_text
 
 HOSTS = ["tq%02d" % i for i in range(1, 9)]
 BW = "100mbit"
@@ -93,7 +93,7 @@ def stage_times(trace: str, t0: float) -> str:
     """Per stage (a recipe's script, or its first command): recipes, the
     hosts they ran on, and when the first started and the last ended, in
     seconds from the make's start (from its --trace)."""
-    stages: "dict[str, list]" = {}
+    stages: dict[str, list] = {}
     with open(trace) as f:
         for line in f:
             rec = json.loads(line)
@@ -125,7 +125,7 @@ class LocalityBench(GMountBench):
         return super().bed_up(names, user_prefix, cpu_share=self.a.cpu_share or None, **up_args)
 
     # -- measuring -------------------------------------------------------------
-    def rx_bytes(self) -> "dict[str, int]":
+    def rx_bytes(self) -> dict[str, int]:
         """Bytes each host received (bridge-side tx of its veth)."""
         got = {}
         for h in HOSTS:

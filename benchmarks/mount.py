@@ -81,9 +81,23 @@ import sys
 import time
 import uuid
 
-from bench_harness import (VENV, Bench, BenchError, busy_share, cpu_busy, describe, ensure_anchor,
-                           fuse_mounts, log, main_driver, proc_cmdline, proc_cpu, ratio_text, user_pids,
-                           value_text)
+from bench_harness import (
+    VENV,
+    Bench,
+    BenchError,
+    busy_share,
+    cpu_busy,
+    describe,
+    ensure_anchor,
+    fuse_mounts,
+    log,
+    main_driver,
+    proc_cmdline,
+    proc_cpu,
+    ratio_text,
+    user_pids,
+    value_text,
+)
 
 SSHFSM = os.path.join(VENV, "bin", "sshfsm")
 FUSERMOUNT = shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount3"
@@ -342,7 +356,7 @@ class MountBench(Bench):
         if (host, mp) in self.host_mounts:
             self.host_mounts.remove((host, mp))
 
-    def dd_head(self, src: str, dst: str, mib: "int | None", what: str) -> float:
+    def dd_head(self, src: str, dst: str, mib: int | None, what: str) -> float:
         argv = ["dd", "if=" + src, "of=" + dst, "bs=1M"]
         if mib is not None:
             argv += ["count=%d" % mib, "conv=fsync"]

@@ -49,6 +49,7 @@ import sys
 import uuid
 
 from bindfs_anchor import BindfsMount
+
 from bench_harness import Bench, BenchError, ensure_anchor, log, main_driver, ratio_text, value_text
 
 OPS = ("stat miss", "stat miss again", "create", "write", "chmod", "mkdir", "rm")
@@ -124,7 +125,7 @@ class NamespaceOps(Bench):
         self.top = "/var/tmp/" + self.tag
         self.dirs: dict = {}                # case -> directory the loop runs in
         self.sessions: dict = {}            # case -> (session, mountpoint) for GMount cases
-        self.bindfs: "BindfsMount | None" = None
+        self.bindfs: BindfsMount | None = None
 
     # -- setup -------------------------------------------------------------------
     def setup(self) -> None:

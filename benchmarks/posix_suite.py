@@ -53,7 +53,7 @@ PLAN = re.compile(r"^1\.\.(\d+)")
 RESULT = re.compile(r"^(not ok|ok)\s+(\d+)")
 
 
-def run_file(t: str, where: str, timeout: float, running: set) -> "tuple[int, int, str]":
+def run_file(t: str, where: str, timeout: float, running: set) -> tuple[int, int, str]:
     """(passed, planned, TAP text) of one pjdfstest file run in `where`; the
     process is in `running` while it runs (killed on an interruption)."""
     os.makedirs(where, exist_ok=True)

@@ -63,9 +63,9 @@ import time
 import uuid
 
 from bindfs_anchor import BindfsMount
-from bench_harness import GXPC, Bench, BenchError, ensure_anchor, log, main_driver, ratio_text
 
 import testbed  # noqa: E402  (bench_harness put tests/ on the path)
+from bench_harness import GXPC, Bench, BenchError, ensure_anchor, log, main_driver, ratio_text
 
 STEPS = ("unpack", "configure", "build", "check")
 CASES = ("local", "bindfs", "gmount")
@@ -155,7 +155,7 @@ class RealProject(Bench):
         self.mount_tag = self.tag            # head mounts left with it are unmounted on clean-up
         self.top = "/var/tmp/" + self.tag
         self.dirs: dict = {}                 # case -> the directory the case unpacks into
-        self.bindfs: "BindfsMount | None" = None
+        self.bindfs: BindfsMount | None = None
         self.gmount = None
         self.tarball = ""
         self.results: dict = {}              # (case, step) -> "ok" | "timeout" | "failed (N)" | "not run"
@@ -229,7 +229,7 @@ class RealProject(Bench):
         make = [GXPC, "--session", self.session, "make", "--joblog", joblog] if case == "gmount" else ["make"]
         return make + [jobs] + (["check"] if step == "check" else [])
 
-    def run_step(self, argv: list, cwd: str, out_path: str) -> "tuple[str, float]":
+    def run_step(self, argv: list, cwd: str, out_path: str) -> tuple[str, float]:
         """argv as the user in cwd, output to out_path: (outcome, wall seconds). On a
         timeout the step's process group gets SIGINT (make stops its jobs), then SIGKILL."""
         with open(out_path, "wb") as out:

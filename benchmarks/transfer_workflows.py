@@ -39,7 +39,7 @@ import json
 import os
 import time
 
-from bench_harness import GMountBench, BenchError, log, ratio_text
+from bench_harness import BenchError, GMountBench, log, ratio_text
 
 HOSTS = ["tw%02d" % i for i in range(1, 9)]
 BW = "100mbit"

@@ -72,8 +72,17 @@ import os
 import sys
 import time
 
-from bench_harness import (Bench, BenchError, ensure_anchor, log, main_driver, proc_cmdline, proc_cpu,
-                           ratio_text, user_pids)
+from bench_harness import (
+    Bench,
+    BenchError,
+    ensure_anchor,
+    log,
+    main_driver,
+    proc_cmdline,
+    proc_cpu,
+    ratio_text,
+    user_pids,
+)
 from testbed import sha256_of
 
 BW = "100mbit"

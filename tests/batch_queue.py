@@ -712,8 +712,7 @@ class LocalSlurm:
             if cwd is None:
                 cwd = pwd.getpwnam(user).pw_dir
         r = subprocess.run(cmd, cwd=cwd, env=dict(env), input=input,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           timeout=timeout)
+                           capture_output=True, timeout=timeout)
         r.stdout = r.stdout.decode("utf-8", "replace")
         r.stderr = r.stderr.decode("utf-8", "replace")
         if check and r.returncode != 0:

@@ -26,7 +26,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import leaks  # noqa: E402
 import testbed  # noqa: E402
-
 from gxpstyle.head import session as gxsession  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,7 +75,7 @@ def gxpc_path() -> str:
 class Gxp:
     """Runs gxpc for one session, as one user."""
 
-    def __init__(self, bed: "testbed.TestBed | None", user: "str | None", session_dir: str) -> None:
+    def __init__(self, bed: testbed.TestBed | None, user: str | None, session_dir: str) -> None:
         self.bed = bed
         self.user = user
         self.session_dir = session_dir
@@ -263,7 +262,7 @@ def user_bed():
         bed.teardown()
 
 
-def _user_of(bed) -> "str | None":
+def _user_of(bed) -> str | None:
     return next(iter(bed.users)) if bed is not None else None
 
 

@@ -25,13 +25,13 @@ class Message:
     `peers`, nodes may send it too (else only the head), on the node side."""
     __slots__ = ("body", "handler", "peers")
 
-    def __init__(self, body: "Rec", handler: "Callable[[str, Dict[str, Any]], None]",
+    def __init__(self, body: Rec, handler: Callable[[str, Dict[str, Any]], None],
                  peers: bool = False) -> None:
         self.body, self.handler, self.peers = body, handler, peers
 
 
-def checked(svc: str, table: "Dict[str, Message]", msg: "Dict[str, Any]"
-            ) -> "Tuple[Message, Dict[str, Any]]":
+def checked(svc: str, table: Dict[str, Message], msg: Dict[str, Any]
+            ) -> Tuple[Message, Dict[str, Any]]:
     """A `svc_msg`'s declared type and its body, checked; ValueError in words."""
     spec = table.get(msg["type"])
     if spec is None:
@@ -42,7 +42,7 @@ def checked(svc: str, table: "Dict[str, Message]", msg: "Dict[str, Any]"
         raise ValueError(str(e))
 
 
-def message(svc: str, mtype: str, body: "Dict[str, Any]") -> "Dict[str, Any]":
+def message(svc: str, mtype: str, body: Dict[str, Any]) -> Dict[str, Any]:
     return {"op": "svc_msg", "svc": svc, "type": mtype, "body": body}
 
 
@@ -51,14 +51,14 @@ class NodeHost:
     them only), loop (for sockets of its own), call_soon_threadsafe and
     call_later (the loop's), send, log, tls_files, session_dir."""
 
-    def __init__(self, node: "Any", svc: str) -> None:
+    def __init__(self, node: Any, svc: str) -> None:
         self._node, self.svc = node, svc
         self.id, self.name, self.secret, self.opts = node.id, node.name, node.secret, node.opts
         self.loop = node.loop
         self.call_soon_threadsafe, self.call_later = node.loop.call_soon_threadsafe, node.loop.call_later
         self.log, self.tls_files, self.session_dir = node.log, node.tls_files, node.ensure_session_dir
 
-    def send(self, dst: str, mtype: str, body: "Dict[str, Any]") -> None:
+    def send(self, dst: str, mtype: str, body: Dict[str, Any]) -> None:
         """A message of this service to node `dst` (wire.HEAD: its head side)."""
         self._node.send(dst, message(self.svc, mtype, body))
 
@@ -70,20 +70,20 @@ class NodeSide:
     seconds = 2.0
 
     def __init__(self) -> None:
-        self.host: "Optional[NodeHost]" = None
-        self.threads: "List[Any]" = []
-        self.table: "Optional[Dict[str, Message]]" = None
+        self.host: Optional[NodeHost] = None
+        self.threads: List[Any] = []
+        self.table: Optional[Dict[str, Message]] = None
 
     def start(self, host: NodeHost) -> None:
         self.host = host
 
-    def messages(self) -> "Dict[str, Message]":
+    def messages(self) -> Dict[str, Message]:
         return {}
 
-    def calls(self) -> "Dict[str, Callable[..., None]]":
+    def calls(self) -> Dict[str, Callable[..., None]]:
         return {}
 
-    def spawn(self, fn: "Callable[..., None]", *args: "Any") -> None:
+    def spawn(self, fn: Callable[..., None], *args: Any) -> None:
         import threading
         t = threading.Thread(target=fn, args=args, daemon=True)
         self.threads = [x for x in self.threads if x.is_alive()] + [t]
@@ -95,7 +95,7 @@ class NodeSide:
         for t in self.threads:
             t.join(max(0.0, end - time.monotonic()))
 
-    def deliver(self, src: str, msg: "Dict[str, Any]") -> None:
+    def deliver(self, src: str, msg: Dict[str, Any]) -> None:
         """A `svc_msg` for this side: checked, then handled (a bad one is logged)."""
         if self.table is None:
             self.table = self.messages()

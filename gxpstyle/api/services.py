@@ -57,7 +57,7 @@ class Service:
     node_side = ""
     node_modules: List[str] = []
 
-    def __init__(self, head: "HeadAPI") -> None:
+    def __init__(self, head: HeadAPI) -> None:
         self.head = head
 
     def verbs(self) -> Dict[str, Verb]:

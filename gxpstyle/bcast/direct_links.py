@@ -27,9 +27,10 @@ import hmac
 import socket
 import ssl
 
-from gxpstyle.transport import link_auth
 from gxpstyle.protocol import wire
+from gxpstyle.transport import link_auth
 from gxpstyle.transport.links import LOW_WATER, READ_SIZE, Link
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -52,9 +53,9 @@ class TlsLink(Link):
     drain what TLS has buffered (the selector sees only the socket), writes go
     through SSL_write (partial writes allowed), close closes the socket once."""
 
-    def __init__(self, loop: "Any", tls: "ssl.SSLSocket", peer: str,
-                 on_frame: "Callable[[Link, bytes], None]",
-                 on_close: "Callable[[Link, str], None]") -> None:
+    def __init__(self, loop: Any, tls: ssl.SSLSocket, peer: str,
+                 on_frame: Callable[[Link, bytes], None],
+                 on_close: Callable[[Link, str], None]) -> None:
         self.tls = tls
         tls.setblocking(False)
         fd = tls.fileno()
@@ -108,7 +109,7 @@ class TlsLink(Link):
 class _Listener(link_auth.Listener):
     """link_auth's listener, handing over the TLS socket itself (no relay)."""
 
-    def _accepted(self, peer: "Any", addr: "Any") -> None:
+    def _accepted(self, peer: Any, addr: Any) -> None:
         label, tls = peer
         self.on_link(label, tls, None)
 
@@ -119,26 +120,26 @@ class DirectLinks:
     on_message(src, msg, link) gets every bcast chunk and ack (a svc_msg); on_lost(peer,
     why) when a link to a known peer closes."""
 
-    def __init__(self, node: "NodeHost", on_message: "Callable[[str, Dict[str, Any], Link], None]",
-                 on_lost: "Callable[[str, str], None]") -> None:
+    def __init__(self, node: NodeHost, on_message: Callable[[str, Dict[str, Any], Link], None],
+                 on_lost: Callable[[str, str], None]) -> None:
         self.node = node
         self.on_message = on_message
         self.on_lost = on_lost
-        self.listener: "Any" = None
-        self.links: "Dict[str, Link]" = {}       # peer id -> link (once the peer is known)
-        self.anonymous: "List[Link]" = []         # accepted, no frame seen yet
-        self.connecting: "Dict[str, List[Callable[[Optional[Link], str], None]]]" = {}
+        self.listener: Any = None
+        self.links: Dict[str, Link] = {}       # peer id -> link (once the peer is known)
+        self.anonymous: List[Link] = []         # accepted, no frame seen yet
+        self.connecting: Dict[str, List[Callable[[Optional[Link], str], None]]] = {}
         self.closed = False
 
     # -- the listening side --------------------------------------------------------
-    def listen(self) -> "Tuple[int, List[str]]":
+    def listen(self) -> Tuple[int, List[str]]:
         """Open the listener if it is not open; (port, addresses). Raises OSError."""
         if self.listener is None:
             certfile, keyfile = self.node.tls_files()
             key = link_key(self.node.secret)
             loop = self.node.loop
 
-            def on_link(label: str, tls: "Any", unused: "Any") -> None:
+            def on_link(label: str, tls: Any, unused: Any) -> None:
                 loop.call_soon_threadsafe(lambda: self._accepted(tls))
 
             refusals = link_auth.RefusalLog(
@@ -149,7 +150,7 @@ class DirectLinks:
                 certfile, keyfile, self.node.opts["pin"])
         return self.listener.port, link_auth.local_addresses()
 
-    def _accepted(self, tls: "Any") -> None:
+    def _accepted(self, tls: Any) -> None:
         if self.closed:
             tls.close()
             return
@@ -157,8 +158,8 @@ class DirectLinks:
         self.anonymous.append(link)
 
     # -- the connecting side -------------------------------------------------------
-    def connect(self, peer: str, addrs: "List[str]", port: int,
-                done: "Callable[[Optional[Link], str], None]") -> None:
+    def connect(self, peer: str, addrs: List[str], port: int,
+                done: Callable[[Optional[Link], str], None]) -> None:
         """done(link, "") once a link to `peer` is up (at once if it is), or
         done(None, reason). The connect and handshake run in a thread."""
         link = self.links.get(peer)
@@ -190,7 +191,7 @@ class DirectLinks:
             loop.call_soon_threadsafe(lambda: self._connected(peer, tls, why))
         threading.Thread(target=work, daemon=True).start()
 
-    def _connected(self, peer: str, tls: "Any", why: str) -> None:
+    def _connected(self, peer: str, tls: Any, why: str) -> None:
         waiting = self.connecting.pop(peer, [])
         link = None
         if tls is not None and self.closed:
@@ -206,7 +207,7 @@ class DirectLinks:
             done(link, why)
 
     # -- both sides ----------------------------------------------------------------
-    def send(self, peer: str, msg: "Dict[str, Any]") -> bool:
+    def send(self, peer: str, msg: Dict[str, Any]) -> bool:
         """Send on the link to `peer`; False if there is none."""
         link = self.links.get(peer)
         if link is None or link.closed:

@@ -23,8 +23,8 @@ import os
 import stat
 import time
 
-from gxpstyle.protocol import wire
 from gxpstyle.api.node_side import Message, NodeSide, checked, message
+from gxpstyle.protocol import wire
 from gxpstyle.protocol.schema import Bool, Bytes, Int, ListOf, Rec, Str
 
 TYPE_CHECKING = False
@@ -99,7 +99,7 @@ def pread_full(fd: int, n: int, off: int) -> bytes:
 class Transfer:
     """One broadcast on this node: a source, a receiver, or both."""
 
-    def __init__(self, host: "NodeHost", bc: int, owner: "BcastSide") -> None:
+    def __init__(self, host: NodeHost, bc: int, owner: BcastSide) -> None:
         self.host = host
         self.owner = owner          # the node side that holds the direct links
         self.bc = bc
@@ -426,7 +426,7 @@ class BcastSide(NodeSide):
         self.transfers: Dict[int, Transfer] = {}
         self.direct: Any = None     # bcast_link.DirectLinks, while a transfer needs it
 
-    def messages(self) -> "Dict[str, Message]":
+    def messages(self) -> Dict[str, Message]:
         return {t: Message(rec, getattr(self, "on_" + t), peers=t in PEER_TYPES)
                 for t, rec in TYPES.items()}
 

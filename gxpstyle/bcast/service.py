@@ -42,12 +42,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
-from gxpstyle.config import hostpattern
-from gxpstyle.protocol import wire
 from gxpstyle.api.interfaces import BcastAPI, Shell
 from gxpstyle.api.interfaces import Transfer as TransferView
-from gxpstyle.protocol.schema import Bool, Int, ListOf, Opt, Rec, Str
 from gxpstyle.api.services import Message, Service, Verb
+from gxpstyle.config import hostpattern
+from gxpstyle.protocol import wire
+from gxpstyle.protocol.schema import Bool, Int, ListOf, Opt, Rec, Str
 
 if TYPE_CHECKING:
     from gxpstyle.api.head_api import HeadAPI
@@ -116,8 +116,8 @@ class Transfer:
     dest: str
     sources: List[str]
     targets: List[str]
-    on_done: Callable[["Transfer"], None]
-    on_progress: Optional[Callable[["Transfer"], None]] = None
+    on_done: Callable[[Transfer], None]
+    on_progress: Optional[Callable[[Transfer], None]] = None
     client: str = ""           # the client that asked, if any (its leaving stops the transfer)
     chunks_sha: str = ""       # SHA-256 of the chunks' SHA-256s (receivers check it)
     dests: Dict[str, str] = field(default_factory=dict)   # target -> its own dest, if not `dest`
@@ -147,7 +147,7 @@ class BcastService(Service, BcastAPI):
     node_side = "gxpstyle.bcast.node:BcastSide"
     node_modules = ["gxpstyle.bcast.direct_links", "gxpstyle.bcast.node"]
 
-    def __init__(self, head: "HeadAPI") -> None:
+    def __init__(self, head: HeadAPI) -> None:
         super().__init__(head)
         self.transfers: Dict[int, Transfer] = {}
         self.seq = 0
@@ -177,7 +177,7 @@ class BcastService(Service, BcastAPI):
     def start(self, sources: List[str], path: str, targets: List[str], dest: str,
               on_done: Callable[[TransferView], None],
               on_progress: Optional[Callable[[TransferView], None]] = None,
-              dests: Optional[Dict[str, str]] = None) -> "Transfer":
+              dests: Optional[Dict[str, str]] = None) -> Transfer:
         """Copy `path` (identical on every one of `sources`, tried in that order)
         to `dest` on every one of `targets`; on_done(transfer) once each target
         is done or failed (transfer.failed() names those, with their reasons).

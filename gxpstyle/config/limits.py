@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are st
     Number = Union[int, float]
 
 # name -> (lowest, highest, what it is, in the user's words)
-RANGES: "Dict[str, Tuple[Number, Number, str]]" = {
+RANGES: Dict[str, Tuple[Number, Number, str]] = {
     # Agents one `explore --local` starts on this machine. Each is a Python
     # process of ~10 MB; 10,000 is far past what one machine holds usefully.
     "local": (0, 10000, "local agents"),
@@ -49,7 +49,7 @@ class RangeError(ValueError):
     """A number out of its documented range; the message is for the user."""
 
 
-def check(name: str, value: "Number", what: str = "") -> "Number":
+def check(name: str, value: Number, what: str = "") -> Number:
     """`value` if it is inside RANGES[name], else RangeError naming the range."""
     lo, hi, unit = RANGES[name]
     label = what or name
@@ -65,7 +65,7 @@ def check(name: str, value: "Number", what: str = "") -> "Number":
     return value
 
 
-def _fmt(x: "Number") -> str:
+def _fmt(x: Number) -> str:
     if isinstance(x, float) and x.is_integer():   # False for inf and nan
         return str(int(x))
     return str(x)
@@ -99,7 +99,7 @@ def parse_size(text: str, name: str, what: str = "") -> int:
     return int(n)
 
 
-def _size(n: "Number") -> str:
+def _size(n: Number) -> str:
     """1M, 1024P: the largest binary unit that divides n."""
     for unit in ("P", "T", "G", "M", "K"):
         if n >= _UNITS[unit] and n % _UNITS[unit] == 0:

@@ -38,7 +38,7 @@ class PathRefused(OSError):
         return "%s: %s" % (self.path, self.why)
 
 
-def replace_problem(path: str) -> "Optional[str]":
+def replace_problem(path: str) -> Optional[str]:
     """None when `path` may be written (missing, or a regular file, also
     through a symlink); else why not, in a few words."""
     try:
@@ -60,7 +60,7 @@ def check_replaceable(path: str) -> None:
         raise PathRefused(path, why)
 
 
-def open_output(path: str, binary: bool = False) -> "IO":
+def open_output(path: str, binary: bool = False) -> IO:
     """`path` opened for writing from its start: a regular file (created with
     the user's umask, or an existing one emptied); anything else PathRefused."""
     check_replaceable(path)
@@ -81,7 +81,7 @@ def open_output(path: str, binary: bool = False) -> "IO":
     return io.TextIOWrapper(buffered, encoding="utf-8", errors="surrogateescape")
 
 
-def open_input(path: str, cap: int) -> "IO[bytes]":
+def open_input(path: str, cap: int) -> IO[bytes]:
     """`path` opened for reading: a regular file of at most `cap` bytes,
     else PathRefused naming the cap (or the OSError of opening it)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -116,12 +116,12 @@ def size_words(n: int) -> str:
     return "%d bytes" % n
 
 
-def remove_dead_owner_dirs(parent: str, prefix: str) -> "List[str]":
+def remove_dead_owner_dirs(parent: str, prefix: str) -> List[str]:
     """Remove `parent/PREFIX<pid>-*` directories of ours whose owning process
     (the pid in the name) is gone: what a process killed by SIGKILL left.
     A pid that is alive (maybe reused) keeps its directory. Returns the paths."""
     import shutil
-    removed: "List[str]" = []
+    removed: List[str] = []
     try:
         names = os.listdir(parent)
     except OSError:

@@ -41,7 +41,7 @@ class UseRule:
     dst: str
     options: Dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
-    def reaches(self, src_names: "List[str]", dst: str) -> bool:
+    def reaches(self, src_names: List[str], dst: str) -> bool:
         """True when a node known by any of src_names may reach dst by this rule."""
         if not hostpattern.matches(self.dst, dst):
             return False
@@ -53,7 +53,7 @@ class UseRule:
         return d
 
 
-def make_rule(channel: str, src: str, dst: str, options: "Dict[str, Any] | None" = None) -> UseRule:
+def make_rule(channel: str, src: str, dst: str, options: Dict[str, Any] | None = None) -> UseRule:
     options = dict(options or {})
     if channel not in CHANNELS:
         raise RuleError("unknown channel %r (one of: %s)" % (channel, ", ".join(CHANNELS)))

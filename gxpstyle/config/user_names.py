@@ -14,7 +14,7 @@ _NAME_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
 _NAME_REST = _NAME_START | frozenset("0123456789")
 
 
-def env_name_problem(name: str) -> "Optional[str]":
+def env_name_problem(name: str) -> Optional[str]:
     """A variable name a POSIX shell accepts: [A-Za-z_][A-Za-z0-9_]*."""
     if not name:
         return "a variable needs a name (VAR=VALUE)"
@@ -23,7 +23,7 @@ def env_name_problem(name: str) -> "Optional[str]":
     return None
 
 
-def mask_name_problem(name: str) -> "Optional[str]":
+def mask_name_problem(name: str) -> Optional[str]:
     """A saved mask's name: non-empty and printable, without blanks."""
     if not name:
         return "a mask needs a name"

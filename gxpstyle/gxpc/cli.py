@@ -15,15 +15,27 @@ us; 130 interrupted.
 """
 from __future__ import annotations
 
-import _signal as signal   # the signal module's enums cost more than gxpc e itself
+import _signal as signal  # the signal module's enums cost more than gxpc e itself
 import os
 import sys
 
 from gxpstyle.config import limits, user_names
 from gxpstyle.gxpc import verbs
 from gxpstyle.gxpc.client import Client, ClientError
-from gxpstyle.gxpc.verbs import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SESSION, EXIT_USAGE,
-                                 OPTIONAL, REMAINDER, START, Arg, Opt, UsageError, Verb)
+from gxpstyle.gxpc.verbs import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SESSION,
+    EXIT_USAGE,
+    OPTIONAL,
+    REMAINDER,
+    START,
+    Arg,
+    Opt,
+    UsageError,
+    Verb,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -368,6 +380,7 @@ def _remove_dead_make_relays() -> None:
     """What a `gxpc make` killed with SIGKILL left on this host: its relay's
     directory, named after its pid (make_backend/command/make_command.py relay_dir)."""
     import tempfile
+
     from gxpstyle.config import safe_paths
     for parent in {tempfile.gettempdir(), "/tmp"}:
         safe_paths.remove_dead_owner_dirs(parent, "gxpmake-")

@@ -3,12 +3,11 @@ receive replies and streamed frames. The CLI is a client of this API only.
 """
 from __future__ import annotations
 
+import _socket  # not socket: its enums double gxpc's start-up CPU
 import os
 import select
 import sys
 import time
-
-import _socket   # not socket: its enums double gxpc's start-up CPU
 
 from gxpstyle.head import session
 from gxpstyle.protocol import wire
@@ -266,7 +265,7 @@ class Client:
             elif msg["op"] == "reply" and msg["req"] == req:
                 return msg["status"], msg["result"]
 
-    def stat(self) -> "Dict[str, Any]":
+    def stat(self) -> Dict[str, Any]:
         """The session's state: `nodes` as a list of dicts (the daemon sends a
         table), plus what each service adds (masks, mounts)."""
         status, result = self.call("stat")

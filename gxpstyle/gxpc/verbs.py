@@ -54,9 +54,9 @@ class Opt:
 
     __slots__ = ("flags", "dest", "kind", "help", "metavar", "choices")
 
-    def __init__(self, flags: "Sequence[str]", kind: str = "str", help: "Optional[str]" = None,
-                 dest: "Optional[str]" = None, metavar: "Optional[str]" = None,
-                 choices: "Optional[Sequence[str]]" = None) -> None:
+    def __init__(self, flags: Sequence[str], kind: str = "str", help: Optional[str] = None,
+                 dest: Optional[str] = None, metavar: Optional[str] = None,
+                 choices: Optional[Sequence[str]] = None) -> None:
         self.flags = tuple(flags)
         self.kind = kind
         self.help = help
@@ -64,7 +64,7 @@ class Opt:
         self.metavar = metavar
         self.choices = choices
 
-    def default(self) -> "Any":
+    def default(self) -> Any:
         return False if self.kind == "flag" else [] if self.kind == "append" else None
 
 
@@ -73,11 +73,11 @@ class Arg:
 
     __slots__ = ("dest", "nargs", "help", "metavar", "choices")
 
-    def __init__(self, dest: str, nargs: "Optional[str]" = None, help: "Optional[str]" = None,
-                 metavar: "Optional[str]" = None, choices: "Optional[Sequence[str]]" = None) -> None:
+    def __init__(self, dest: str, nargs: Optional[str] = None, help: Optional[str] = None,
+                 metavar: Optional[str] = None, choices: Optional[Sequence[str]] = None) -> None:
         self.dest, self.nargs, self.help, self.metavar, self.choices = dest, nargs, help, metavar, choices
 
-    def default(self) -> "Any":
+    def default(self) -> Any:
         return [] if self.nargs in ("*", REMAINDER) else None
 
 
@@ -93,10 +93,10 @@ class Verb:
 
     __slots__ = ("name", "help", "description", "run", "options", "args", "session", "check", "raw")
 
-    def __init__(self, name: str, help: str, run: "Callable[[Any, Any], int]",
-                 options: "Sequence[Opt]" = (), args: "Sequence[Arg]" = (), session: str = NEED,
-                 check: "Optional[Callable[[Any], None]]" = None, raw: bool = False,
-                 description: "Union[None, str, Callable[[], str]]" = None) -> None:
+    def __init__(self, name: str, help: str, run: Callable[[Any, Any], int],
+                 options: Sequence[Opt] = (), args: Sequence[Arg] = (), session: str = NEED,
+                 check: Optional[Callable[[Any], None]] = None, raw: bool = False,
+                 description: Union[None, str, Callable[[], str]] = None) -> None:
         self.name, self.help, self.run, self.session = name, help, run, session
         self.options, self.args, self.check, self.raw = tuple(options), tuple(args), check, raw
         self.description = description
@@ -105,7 +105,7 @@ class Verb:
 class Args:
     """Parsed arguments: one attribute per option and argument dest."""
 
-    def __init__(self, **values: "Any") -> None:
+    def __init__(self, **values: Any) -> None:
         self.__dict__.update(values)
 
     def __repr__(self) -> str:
@@ -119,13 +119,13 @@ class LazyModule:
     def __init__(self, name: str) -> None:
         self._name = name
 
-    def __getattr__(self, attr: str) -> "Any":
+    def __getattr__(self, attr: str) -> Any:
         module = __import__(self._name, fromlist=["_"])
         return getattr(module, attr)
 
 
 # -- finding verbs -------------------------------------------------------------------
-def plugin_verbs(name: "Optional[str]" = None) -> "Dict[str, Verb]":
+def plugin_verbs(name: Optional[str] = None) -> Dict[str, Verb]:
     """Verbs other installed packages register, by name (only `name` if given).
 
     A plugin that fails to load is left out with a one-line warning: one broken
@@ -135,7 +135,7 @@ def plugin_verbs(name: "Optional[str]" = None) -> "Dict[str, Verb]":
         eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
     else:                                                   # 3.8, 3.9: a dict of lists
         eps = metadata.entry_points().get(ENTRY_POINT_GROUP, [])
-    out: "Dict[str, Verb]" = {}
+    out: Dict[str, Verb] = {}
     for ep in eps:
         if (name is not None and ep.name != name) or ep.name in out:
             continue
@@ -149,13 +149,13 @@ def plugin_verbs(name: "Optional[str]" = None) -> "Dict[str, Verb]":
     return out
 
 
-def find(name: str, core: "Dict[str, Verb]") -> "Optional[Verb]":
+def find(name: str, core: Dict[str, Verb]) -> Optional[Verb]:
     if name in core:
         return core[name]
     return plugin_verbs(name).get(name)
 
 
-def all_verbs(core: "Dict[str, Verb]") -> "List[Verb]":
+def all_verbs(core: Dict[str, Verb]) -> List[Verb]:
     verbs = list(core.values())
     for name, verb in sorted(plugin_verbs().items()):
         if name not in core:
@@ -164,11 +164,11 @@ def all_verbs(core: "Dict[str, Verb]") -> "List[Verb]":
 
 
 # -- parsing -------------------------------------------------------------------------
-def split_global(argv: "List[str]") -> "Tuple[Optional[str], bool, Optional[str], List[str]]":
+def split_global(argv: List[str]) -> Tuple[Optional[str], bool, Optional[str], List[str]]:
     """(session dir, help asked, verb name, the verb's words) from gxpc's argv.
 
     Global options come before the verb; the verb's words are never ours."""
-    session: "Optional[str]" = None
+    session: Optional[str] = None
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -199,7 +199,7 @@ def _looks_negative(word: str) -> bool:
     return (whole == "" or whole.isdecimal()) and fraction.isdecimal()
 
 
-def _convert(opt: Opt, text: str) -> "Any":
+def _convert(opt: Opt, text: str) -> Any:
     if opt.kind == "int":
         return int(text)
     if opt.kind == "float":
@@ -209,14 +209,14 @@ def _convert(opt: Opt, text: str) -> "Any":
     return text
 
 
-def fast_parse(verb: Verb, words: "List[str]") -> "Optional[Args]":
+def fast_parse(verb: Verb, words: List[str]) -> Optional[Args]:
     """Args for the plain cases, None for anything argparse must judge."""
     if "--" in words:
         return None     # argparse drops a `--` even from the middle of a command
     by_flag = {f: o for o in verb.options for f in o.flags}
-    values: "Dict[str, Any]" = {o.dest: o.default() for o in verb.options}
+    values: Dict[str, Any] = {o.dest: o.default() for o in verb.options}
     values.update((a.dest, a.default()) for a in verb.args)
-    positional: "List[str]" = []
+    positional: List[str] = []
     rest_to_last = bool(verb.args) and verb.args[-1].nargs == REMAINDER
     ended = False      # a run of positionals ended with an option after it
     i = 0
@@ -266,7 +266,7 @@ def fast_parse(verb: Verb, words: "List[str]") -> "Optional[Args]":
     return Args(**values)
 
 
-def _assign_positionals(args: "Sequence[Arg]", words: "List[str]", values: "Dict[str, Any]") -> bool:
+def _assign_positionals(args: Sequence[Arg], words: List[str], values: Dict[str, Any]) -> bool:
     words = list(words)
     for k, arg in enumerate(args):
         later_needed = sum(1 for a in args[k + 1:] if a.nargs in (None, "+"))
@@ -286,7 +286,7 @@ def _assign_positionals(args: "Sequence[Arg]", words: "List[str]", values: "Dict
     return not words
 
 
-def parse(verb: Verb, words: "List[str]") -> "Any":
+def parse(verb: Verb, words: List[str]) -> Any:
     """The verb's arguments (argparse prints help or an error and exits when asked)."""
     if verb.raw:
         return Args(words=list(words))
@@ -296,10 +296,10 @@ def parse(verb: Verb, words: "List[str]") -> "Any":
     return a
 
 
-def _add_verb_arguments(p: "Any", verb: Verb) -> None:
+def _add_verb_arguments(p: Any, verb: Verb) -> None:
     import argparse
     for o in verb.options:
-        kw: "Dict[str, Any]" = {"dest": o.dest, "help": o.help}
+        kw: Dict[str, Any] = {"dest": o.dest, "help": o.help}
         if o.kind == "flag":
             kw["action"] = "store_true"
         elif o.kind == "append":
@@ -314,11 +314,11 @@ def _add_verb_arguments(p: "Any", verb: Verb) -> None:
                        choices=a.choices, default=a.default())
 
 
-def argparse_parser(verb: Verb) -> "Any":
+def argparse_parser(verb: Verb) -> Any:
     import argparse
 
     class OneLineErrors(argparse.ArgumentParser):
-        def error(self, message: str) -> "Any":
+        def error(self, message: str) -> Any:
             raise UsageError("%s: %s (see gxpc %s --help)" % (verb.name, message, verb.name))
 
     text = verb.description() if callable(verb.description) else verb.description
@@ -327,7 +327,7 @@ def argparse_parser(verb: Verb) -> "Any":
     return p
 
 
-def print_help(core: "Dict[str, Verb]", description: str, epilog: str, out: "Any") -> None:
+def print_help(core: Dict[str, Verb], description: str, epilog: str, out: Any) -> None:
     """gxpc --help: every verb, the plugins' included."""
     import argparse
     p = argparse.ArgumentParser(prog="gxpc", description=description, epilog=epilog)

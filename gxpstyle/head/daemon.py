@@ -16,23 +16,23 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type
 
-from gxpstyle.launch import bootstrap
-from gxpstyle.config import hostpattern, use_rules
 from gxpstyle.api import node_side, services
-from gxpstyle.head import session
-from gxpstyle.protocol import wire
-from gxpstyle.node.agent import Node, usable_cpus
-from gxpstyle.node.node_dirs import remove_node_dirs
+from gxpstyle.api.services import Message, Service, Verb
 from gxpstyle.bcast.service import BcastService
+from gxpstyle.config import hostpattern, use_rules
+from gxpstyle.head import session
 from gxpstyle.head.client_links import ClientBudget, ClientLink
-from gxpstyle.shell.service import ExecService
 from gxpstyle.head.explorer import ExploreService
 from gxpstyle.head.job_table import JobTable
-from gxpstyle.transport.links import Link
-from gxpstyle.replicas.service import ReplicaService
-from gxpstyle.protocol.schema import SchemaError
 from gxpstyle.head.service_host import ServiceHost, TreeHost, id_key
-from gxpstyle.api.services import Message, Service, Verb
+from gxpstyle.launch import bootstrap
+from gxpstyle.node.agent import Node, usable_cpus
+from gxpstyle.node.node_dirs import remove_node_dirs
+from gxpstyle.protocol import wire
+from gxpstyle.protocol.schema import SchemaError
+from gxpstyle.replicas.service import ReplicaService
+from gxpstyle.shell.service import ExecService
+from gxpstyle.transport.links import Link
 
 CORE_SERVICES: List[Tuple[str, Type[Service]]] = [
     ("explore", ExploreService), ("exec", ExecService), ("bcast", BcastService),
@@ -58,7 +58,7 @@ class NodeInfo:
 
     @classmethod
     def from_ready(cls, nid: str, name: str, parent: str, channel: str, info: Dict[str, Any],
-                   role: str = "") -> "NodeInfo":
+                   role: str = "") -> NodeInfo:
         """A node that just came up, from the info its `ready` carried."""
         return cls(nid, name, parent, channel, str(info.get("hostname", "")),
                    pid=int(info.get("pid", 0)), user=str(info.get("user", "")),

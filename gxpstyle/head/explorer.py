@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
+from gxpstyle.api.services import Service, Verb
 from gxpstyle.config import hostpattern, limits, use_rules
 from gxpstyle.head import spanning_tree
 from gxpstyle.protocol import wire
 from gxpstyle.protocol.schema import Bool, Int, ListOf, MapOf, Num, Rec, Str
-from gxpstyle.api.services import Service, Verb
 
 if TYPE_CHECKING:
     from gxpstyle.head.service_host import TreeHost
@@ -75,7 +75,7 @@ class Exploration:
 class ExploreService(Service):
     name = "explore"
 
-    def __init__(self, head: "TreeHost") -> None:
+    def __init__(self, head: TreeHost) -> None:
         super().__init__(head)
         self.tree_host = head      # the explorer builds the tree: it may add to it
         self.rules: List[use_rules.UseRule] = []
@@ -88,7 +88,7 @@ class ExploreService(Service):
         # answering.
         self.local_busy: Dict[str, int] = {}
         self.local_queue: Dict[
-            str, "collections.deque[Tuple[Exploration, spanning_tree.Assignment, str]]"] = {}
+            str, collections.deque[Tuple[Exploration, spanning_tree.Assignment, str]]] = {}
         self.local_of: Dict[int, str] = {}
 
     def verbs(self) -> Dict[str, Verb]:

@@ -9,8 +9,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from gxpstyle.protocol import wire
 from gxpstyle.api.services import Service
+from gxpstyle.protocol import wire
 
 if TYPE_CHECKING:
     from gxpstyle.head.daemon import Head
@@ -38,7 +38,7 @@ class JobTable:
     killed. A client of "0" is the head itself: such a job's output and exit
     come back to the owner (`job_output`)."""
 
-    def __init__(self, head: "Head") -> None:
+    def __init__(self, head: Head) -> None:
         self.head = head
         self.seq = 0
         self.jobs: Dict[Tuple[str, int], JobRecord] = {}

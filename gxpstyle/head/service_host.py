@@ -24,7 +24,7 @@ T = TypeVar("T")
 class ServiceHost:
     """HeadAPI for one service (see head_api.py for what each call means)."""
 
-    def __init__(self, head: "Head", name: str) -> None:
+    def __init__(self, head: Head, name: str) -> None:
         self._head = head
         self._name = name
         self._owner: Optional[Service] = None

@@ -95,7 +95,7 @@ def check_path_length(session_dir: str) -> None:
                                              n - len(SOCKET_NAME) - 1, longest))
 
 
-def remove_dead_session(path: str) -> "List[str]":
+def remove_dead_session(path: str) -> List[str]:
     """What a session daemon that died (SIGKILL, out of memory) left on this
     host: its socket, its log, its directory, and the per-session directories
     of its agents here (TLS files, replicas), which died with it. Removes them
@@ -156,7 +156,7 @@ def make_certificate(days: int = 30) -> Tuple[str, str, str]:
     return cert_pem, key_pem, pin
 
 
-def peer_uid(sock: "socket.socket") -> Optional[int]:
+def peer_uid(sock: socket.socket) -> Optional[int]:
     """The uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
     import socket
     import struct

@@ -15,6 +15,7 @@ import os
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
     from typing import Any, Callable, Dict
+
     from gxpstyle.launch import child_bootstrap
     from gxpstyle.node.agent import Node
 
@@ -22,11 +23,11 @@ if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are st
 class BatchStarts:
     """One node's batch children on their way up, and its connect-back listener."""
 
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
-        self.listener: "Any" = None   # link_auth.Listener, made on first use (ssl is slow to import)
-        self.waiting: "Dict[str, child_bootstrap.ChildStart]" = {}
-        self.tokens: "Dict[str, bytes]" = {}
+        self.listener: Any = None   # link_auth.Listener, made on first use (ssl is slow to import)
+        self.waiting: Dict[str, child_bootstrap.ChildStart] = {}
+        self.tokens: Dict[str, bytes] = {}
 
     def close(self) -> None:
         if self.listener is not None:
@@ -50,10 +51,11 @@ class BatchStarts:
                                                certfile, keyfile, self.node.opts["pin"])
         return self.listener
 
-    def start(self, cs: "child_bootstrap.ChildStart") -> None:
+    def start(self, cs: child_bootstrap.ChildStart) -> None:
         import socket
-        from gxpstyle.node import agent
+
         from gxpstyle.launch import channels, child_bootstrap
+        from gxpstyle.node import agent
         from gxpstyle.transport import link_auth
         listener = self.ensure_listener()
         d = self.node.ensure_session_dir()
@@ -123,8 +125,8 @@ class BatchStarts:
         import threading
         def work() -> None:
             try:
-                p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, timeout=60)
+                p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                                   timeout=60)
                 result = (p.returncode, p.stdout.decode("utf-8", "replace"),
                           p.stderr.decode("utf-8", "replace"))
             except (OSError, subprocess.TimeoutExpired) as e:

@@ -139,8 +139,8 @@ def _gxp_boot(sources, entry):
 '''
 
 
-def build_payload(sources: "Dict[str, str]", codes: "Optional[bytes]" = None,
-                  entry: str = AGENT_ENTRY) -> "Tuple[bytes, bytes]":
+def build_payload(sources: Dict[str, str], codes: Optional[bytes] = None,
+                  entry: str = AGENT_ENTRY) -> Tuple[bytes, bytes]:
     """(sha256 digest, zlib payload) of the agent program for the given sources,
     with marshalled code objects for one interpreter version when `codes` is
     given; the program runs `main(fds)` of the module named `entry`."""
@@ -186,18 +186,18 @@ def pushable(name: str) -> bool:
         bool(name) and parts[0] != "gxpstyle" and all(p.isidentifier() for p in parts))
 
 
-def _side_packages() -> "List[str]":
+def _side_packages() -> List[str]:
     """The packages of the side modules that hold no module of the agent's own
     (a push brings a module's package with it; one the agent runs from must
     never be replaced)."""
-    def parents(name: str) -> "List[str]":
+    def parents(name: str) -> List[str]:
         parts = name.split(".")
         return [".".join(parts[:i]) for i in range(2, len(parts))]
     core = {p for m in AGENT_MODULES for p in parents(m)}
     return [p for m in SIDE_MODULES for p in parents(m) if p not in core]
 
 
-def module_sources(names: "List[str]") -> Dict[str, str]:
+def module_sources(names: List[str]) -> Dict[str, str]:
     """Sources of installed modules (and their packages) by name, on the head."""
     import importlib.util
     out: Dict[str, str] = {}
@@ -262,7 +262,7 @@ class PayloadCache:
         # explored after a mount still gets the small payload (the mount code
         # is three times the agent's own).
         self.extra: Dict[str, str] = {}
-        self.built: "Dict[Tuple[Optional[str], bool], Tuple[bytes, bytes]]" = {}
+        self.built: Dict[Tuple[Optional[str], bool], Tuple[bytes, bytes]] = {}
 
     def add(self, sources: Dict[str, str]) -> None:
         """More modules (pushed by the head): later service children get them."""
@@ -270,7 +270,7 @@ class PayloadCache:
             self.extra.update(sources)
             self.built = {k: v for k, v in self.built.items() if not k[1]}
 
-    def preset(self, tag: str, payload: "Any") -> bool:
+    def preset(self, tag: str, payload: Any) -> bool:
         """A service payload the head built for `tag` after a module push:
         taken (and not built here again: compile and compress were most of a
         first mount's time, paid by every agent) when it is for our own
@@ -282,7 +282,7 @@ class PayloadCache:
         self.built[(tag, True)] = (payload[0], payload[1])
         return True
 
-    def for_tag(self, tag: "Optional[str]", service: bool = False) -> "Tuple[bytes, bytes]":
+    def for_tag(self, tag: Optional[str], service: bool = False) -> Tuple[bytes, bytes]:
         """The payload for a child whose first stage reported `tag`. A service
         child (a mount) never starts children of its own, so with matching
         code it gets code only, no sources: a third less to send to every node."""
@@ -304,7 +304,7 @@ class PayloadCache:
         return self.built[key]
 
 
-def compile_shipped(name: str, src: str) -> "Any":
+def compile_shipped(name: str, src: str) -> Any:
     """Code for the payload, without docstrings (a tenth of the payload: the
     sources beside it keep them); asserts and line numbers stay."""
     import ast

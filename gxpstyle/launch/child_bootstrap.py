@@ -45,7 +45,7 @@ class ChildStart:
 
     def __init__(self, node: Any, child: str, target: str, channel: str,
                  spec: Dict[str, Any], timeout: float,
-                 done: Callable[["ChildStart", bool, str, Optional[Link], Dict[str, Any]], None]
+                 done: Callable[[ChildStart, bool, str, Optional[Link], Dict[str, Any]], None]
                  ) -> None:
         self.node = node
         self.loop = node.loop

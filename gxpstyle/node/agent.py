@@ -16,18 +16,20 @@ import time
 
 from gxpstyle.launch import bootstrap
 from gxpstyle.protocol import wire
+
 # channels, child_bootstrap, subprocess, socket, shutil and threading are imported
 # where used: most agents are leaves, and every import here delays `ready`.
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
     from typing import Any, Callable, Dict, Optional, Tuple
+
     from gxpstyle.launch import child_bootstrap
 from gxpstyle.api.node_side import describe_error
 from gxpstyle.launch.batch_start import BatchStarts
-from gxpstyle.transport.event_loop import EventLoop
 from gxpstyle.node.job_runner import JobRunner
 from gxpstyle.node.node_dirs import node_dir_prefix, remove_node_dirs
 from gxpstyle.node.tree_exec import TreeJobs
+from gxpstyle.transport.event_loop import EventLoop
 from gxpstyle.transport.links import Link, frame_with_prefix
 
 QUIT_GRACE = 3.0
@@ -45,7 +47,7 @@ def module_source(module: Any) -> str:
 
 class Node:
     def __init__(self, node_id: str, name: str, session: str, secret: bytes,
-                 opts: Dict[str, Any], payloads: "bootstrap.PayloadCache",
+                 opts: Dict[str, Any], payloads: bootstrap.PayloadCache,
                  loop: Optional[EventLoop] = None) -> None:
         self.loop = loop or EventLoop()
         self.id = node_id
@@ -56,14 +58,14 @@ class Node:
         self.payloads = payloads
         self.parent: Optional[Link] = None
         self.children: Dict[str, Link] = {}
-        self.starting: Dict[str, "child_bootstrap.ChildStart"] = {}
-        self.started: Dict[str, "child_bootstrap.ChildStart"] = {}
+        self.starting: Dict[str, child_bootstrap.ChildStart] = {}
+        self.started: Dict[str, child_bootstrap.ChildStart] = {}
         self.jobs = JobRunner(self.loop, self.id, self._job_send, self.backlog)
         self.trees = TreeJobs(self)     # shares of commands sent along the tree (tree_exec.py)
         self.notify_jobs: set = set()   # (requester, job) whose end the head wants to hear
         self.session_dir: Optional[str] = None
         self.batch = BatchStarts(self)
-        self.extra_channels: Dict[str, Callable[["child_bootstrap.ChildStart"], None]] = {}
+        self.extra_channels: Dict[str, Callable[[child_bootstrap.ChildStart], None]] = {}
         self.quitting = False
         self.exit_code = 0
         # Node sides of services this node hosts (node_side.py), by service
@@ -403,7 +405,7 @@ class Node:
                                                 dir=base)
         return self.session_dir
 
-    def tls_files(self) -> "Tuple[str, str]":
+    def tls_files(self) -> Tuple[str, str]:
         """The session certificate and key as files (ssl loads only files), 0600
         inside the 0700 per-session directory; written once, removed at quit."""
         d = self.ensure_session_dir()

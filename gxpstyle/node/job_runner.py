@@ -35,10 +35,11 @@ import signal
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
     from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
+
     from gxpstyle.node.job_spawn import Spawned
 
-from gxpstyle.transport.event_loop import EventLoop
 from gxpstyle.node.job_spawn import ShellSpawner, close_inherited
+from gxpstyle.transport.event_loop import EventLoop
 
 READ_SIZE = 64 << 10
 ENV_BASES = 32              # environments a node keeps for `base` (JobTable.start mirrors it)
@@ -159,7 +160,7 @@ class Watchdog:
 
 
 class Job:
-    def __init__(self, runner: "JobRunner", key: Tuple[str, int], proc: Spawned) -> None:
+    def __init__(self, runner: JobRunner, key: Tuple[str, int], proc: Spawned) -> None:
         self.runner = runner
         self.key = key
         self.proc = proc

@@ -17,7 +17,7 @@ def node_dir_prefix(session: str, node_id: str) -> str:
     return "gxp-%s-%s-" % (session[:12], node_id.replace(".", "_"))
 
 
-def remove_node_dirs(session: str, node_id: "Optional[str]" = None) -> "List[str]":
+def remove_node_dirs(session: str, node_id: Optional[str] = None) -> List[str]:
     """Remove the per-session directories on this host of node `node_id` and
     its subtree (of every node of the session when None), if they are ours."""
     import glob

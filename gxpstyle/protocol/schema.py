@@ -23,19 +23,20 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
-    from typing import Any as _Any, Dict, Optional, Tuple
+    from typing import Any as _Any
+    from typing import Dict, Optional, Tuple
 
 
 class SchemaError(ValueError):
     """A value does not have its declared shape; the text is for the user."""
 
 
-class Spec(object):
-    def check(self, value: "_Any", where: str) -> "_Any":
+class Spec:
+    def check(self, value: _Any, where: str) -> _Any:
         raise NotImplementedError
 
 
-def _kind(value: "_Any") -> str:
+def _kind(value: _Any) -> str:
     if value is None:
         return "nothing"
     if isinstance(value, bool):
@@ -44,7 +45,7 @@ def _kind(value: "_Any") -> str:
             dict: "a mapping"}.get(type(value), type(value).__name__)
 
 
-def _fmt(x: "_Any") -> str:
+def _fmt(x: _Any) -> str:
     if isinstance(x, float) and x == int(x):
         return str(int(x))
     return str(x)
@@ -52,10 +53,10 @@ def _fmt(x: "_Any") -> str:
 
 class Int(Spec):
     # Bounds may be floats (limits.RANGES types every range as a Number).
-    def __init__(self, lo: "Optional[float]" = None, hi: "Optional[float]" = None) -> None:
+    def __init__(self, lo: Optional[float] = None, hi: Optional[float] = None) -> None:
         self.lo, self.hi = lo, hi
 
-    def check(self, value: "_Any", where: str) -> "_Any":
+    def check(self, value: _Any, where: str) -> _Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise SchemaError("%s must be a whole number, not %s" % (where, _kind(value)))
         _in_range(value, self.lo, self.hi, where)
@@ -63,17 +64,17 @@ class Int(Spec):
 
 
 class Num(Spec):
-    def __init__(self, lo: "Optional[float]" = None, hi: "Optional[float]" = None) -> None:
+    def __init__(self, lo: Optional[float] = None, hi: Optional[float] = None) -> None:
         self.lo, self.hi = lo, hi
 
-    def check(self, value: "_Any", where: str) -> "_Any":
+    def check(self, value: _Any, where: str) -> _Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise SchemaError("%s must be a number, not %s" % (where, _kind(value)))
         _in_range(value, self.lo, self.hi, where)
         return value
 
 
-def _in_range(value: "_Any", lo: "_Any", hi: "_Any", where: str) -> None:
+def _in_range(value: _Any, lo: _Any, hi: _Any, where: str) -> None:
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         if lo is not None and hi is not None:
             raise SchemaError("%s must be from %s to %s, got %s" % (where, _fmt(lo), _fmt(hi),
@@ -87,7 +88,7 @@ class Str(Spec):
     def __init__(self, max_len: int = 1 << 20, empty: bool = True, nul: bool = False) -> None:
         self.max_len, self.empty, self.nul = max_len, empty, nul
 
-    def check(self, value: "_Any", where: str) -> "_Any":
+    def check(self, value: _Any, where: str) -> _Any:
         if not isinstance(value, str):
             raise SchemaError("%s must be text, not %s" % (where, _kind(value)))
         if not value and not self.empty:
@@ -104,7 +105,7 @@ class Bytes(Spec):
     def __init__(self, max_len: int = 1 << 24) -> None:
         self.max_len = max_len
 
-    def check(self, value: "_Any", where: str) -> "_Any":
+    def check(self, value: _Any, where: str) -> _Any:
         if not isinstance(value, bytes):
             raise SchemaError("%s must be bytes, not %s" % (where, _kind(value)))
         if len(value) > self.max_len:
@@ -113,14 +114,14 @@ class Bytes(Spec):
 
 
 class Bool(Spec):
-    def check(self, value: "_Any", where: str) -> "_Any":
+    def check(self, value: _Any, where: str) -> _Any:
         if not isinstance(value, bool):
             raise SchemaError("%s must be true or false, not %s" % (where, _kind(value)))
         return value
 
 
 class Any(Spec):
-    def check(self, value: "_Any", where: str) -> "_Any":
+    def check(self, value: _Any, where: str) -> _Any:
         return value
 
 
@@ -128,15 +129,15 @@ class Opt(Spec):
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
 
-    def check(self, value: "_Any", where: str) -> "_Any":
+    def check(self, value: _Any, where: str) -> _Any:
         return None if value is None else self.spec.check(value, where)
 
 
 class Choice(Spec):
-    def __init__(self, *values: "_Any") -> None:
+    def __init__(self, *values: _Any) -> None:
         self.values = values
 
-    def check(self, value: "_Any", where: str) -> "_Any":
+    def check(self, value: _Any, where: str) -> _Any:
         if isinstance(value, bool) or value not in self.values:
             raise SchemaError("%s must be one of %s, got %r" % (
                 where, ", ".join(str(v) for v in self.values), value))
@@ -147,7 +148,7 @@ class ListOf(Spec):
     def __init__(self, spec: Spec, max_items: int = 1 << 16) -> None:
         self.spec, self.max_items = spec, max_items
 
-    def check(self, value: "_Any", where: str) -> "_Any":
+    def check(self, value: _Any, where: str) -> _Any:
         if not isinstance(value, list):
             raise SchemaError("%s must be a list, not %s" % (where, _kind(value)))
         if len(value) > self.max_items:
@@ -162,11 +163,11 @@ class ListOf(Spec):
 
 
 class MapOf(Spec):
-    def __init__(self, spec: Spec, max_items: int = 1 << 16, key: "Optional[Spec]" = None) -> None:
+    def __init__(self, spec: Spec, max_items: int = 1 << 16, key: Optional[Spec] = None) -> None:
         self.spec, self.max_items = spec, max_items
         self.key = key or Str(4096)
 
-    def check(self, value: "_Any", where: str) -> "_Any":
+    def check(self, value: _Any, where: str) -> _Any:
         if not isinstance(value, dict):
             raise SchemaError("%s must be a mapping, not %s" % (where, _kind(value)))
         if len(value) > self.max_items:
@@ -189,13 +190,13 @@ class Rec(Spec):
     field is an error (a typo in a request should not be silently ignored);
     open=True keeps unknown fields for messages from newer peers."""
 
-    def __init__(self, required: "Optional[Dict[str, Spec]]" = None,
-                 optional: "Optional[Dict[str, Spec]]" = None, open: bool = False) -> None:
+    def __init__(self, required: Optional[Dict[str, Spec]] = None,
+                 optional: Optional[Dict[str, Spec]] = None, open: bool = False) -> None:
         self.required = required or {}
         self.optional = optional or {}
         self.open = open
 
-    def check(self, value: "_Any", where: str) -> "_Any":
+    def check(self, value: _Any, where: str) -> _Any:
         if not isinstance(value, dict):
             raise SchemaError("%s must be a mapping, not %s" % (where, _kind(value)))
         try:
@@ -203,7 +204,7 @@ class Rec(Spec):
         except SchemaError:
             return self._check(value, where, True)   # again, to name the field that fails
 
-    def _check(self, value: "Dict[str, _Any]", where: str, named: bool) -> "_Any":
+    def _check(self, value: Dict[str, _Any], where: str, named: bool) -> _Any:
         out = {}
         for k, spec in self.required.items():
             if k not in value:
@@ -221,9 +222,9 @@ class Rec(Spec):
                 raise SchemaError("%s: unknown field %r" % (where, k))
         return out
 
-    def fields(self) -> "Tuple[str, ...]":
+    def fields(self) -> Tuple[str, ...]:
         return tuple(self.required) + tuple(self.optional)
 
 
-def check(value: "_Any", spec: Spec, where: str) -> "_Any":
+def check(value: _Any, spec: Spec, where: str) -> _Any:
     return spec.check(value, where)

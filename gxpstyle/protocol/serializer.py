@@ -19,6 +19,7 @@ a small frame cannot make the receiver allocate without bound.
 from __future__ import annotations
 
 import struct
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
     from typing import Any
@@ -134,7 +135,7 @@ _unpack_i64 = _I64.unpack_from
 _unpack_f64 = _F64.unpack_from
 
 
-class _Decoder(object):
+class _Decoder:
     """One pass over one message. Written for speed (a `stat` of a thousand
     nodes is 13,000 values): bytes indexing, no helper calls per item; every
     length is still checked against what is left before it is used."""

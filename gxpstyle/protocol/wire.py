@@ -21,13 +21,14 @@ Shipped to agents: standard library only, Python 3.8 syntax.
 from __future__ import annotations
 
 import struct
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
     from typing import Any, Dict, List, Optional, Tuple
 
 from gxpstyle.protocol import serializer
-from gxpstyle.protocol.schema import (Any as _Any, Bool, Bytes, Choice, Int, ListOf, MapOf, Num,
-                                      Opt, Rec, SchemaError, Str)
+from gxpstyle.protocol.schema import Any as _Any
+from gxpstyle.protocol.schema import Bool, Bytes, Choice, Int, ListOf, MapOf, Num, Opt, Rec, SchemaError, Str
 
 MAX_FRAME = 4 << 20        # a frame body; file data travels in chunks well below this
 CHUNK = 256 << 10          # what senders put in one data frame
@@ -200,7 +201,7 @@ SCHEMA: Dict[str, Rec] = {
 }
 
 
-def validate(msg: Any, schema: "Optional[Dict[str, Rec]]" = None) -> Dict[str, Any]:
+def validate(msg: Any, schema: Optional[Dict[str, Rec]] = None) -> Dict[str, Any]:
     """The message, checked against its op's declared shape (nested fields
     included), else FrameError with the reason."""
     if not isinstance(msg, dict):
@@ -215,14 +216,14 @@ def validate(msg: Any, schema: "Optional[Dict[str, Rec]]" = None) -> Dict[str, A
         raise FrameError(str(e))
 
 
-def decode_message(body: bytes, schema: "Optional[Dict[str, Rec]]" = None) -> Dict[str, Any]:
+def decode_message(body: bytes, schema: Optional[Dict[str, Rec]] = None) -> Dict[str, Any]:
     try:
         return validate(serializer.loads(body), schema)
     except serializer.DecodeError as e:
         raise FrameError(str(e))
 
 
-def route(self_id: str, dst: str, children: "Dict[str, Any]") -> Optional[str]:
+def route(self_id: str, dst: str, children: Dict[str, Any]) -> Optional[str]:
     """Where a frame for dst goes from node self_id: "self", a child id, or None (up)."""
     if dst == self_id:
         return "self"

@@ -16,9 +16,9 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from gxpstyle.api.interfaces import Replica, ReplicaAPI, ReplicaKeeper
-from gxpstyle.replicas.catalog import ReplicaCatalog
-from gxpstyle.protocol.schema import ListOf, Rec, Str
 from gxpstyle.api.services import Service, Verb, after, log_exception
+from gxpstyle.protocol.schema import ListOf, Rec, Str
+from gxpstyle.replicas.catalog import ReplicaCatalog
 
 if TYPE_CHECKING:
     from gxpstyle.api.head_api import HeadAPI
@@ -39,7 +39,7 @@ def under_watched(keepers: List[ReplicaKeeper], paths: List[str]) -> List[str]:
 class ReplicaService(Service, ReplicaAPI):
     name = "replicas"
 
-    def __init__(self, head: "HeadAPI", catalog: Optional[ReplicaCatalog] = None) -> None:
+    def __init__(self, head: HeadAPI, catalog: Optional[ReplicaCatalog] = None) -> None:
         super().__init__(head)
         self.catalog = catalog if catalog is not None else ReplicaCatalog()
         self.keepers: List[ReplicaKeeper] = []

@@ -12,13 +12,13 @@ holds output (it must see all of it to fold identical ones).
 """
 from __future__ import annotations
 
-import _signal as signal   # the signal module's enums cost more than `gxpc e true` itself
+import _signal as signal  # the signal module's enums cost more than `gxpc e true` itself
 import os
 import select
 import sys
 
-from gxpstyle.protocol import wire
 from gxpstyle.gxpc.client import Client
+from gxpstyle.protocol import wire
 
 # Types only: `gxpc e` loads this module on every run, and typing alone costs
 # about as much CPU as the interpreter's own start.
@@ -82,7 +82,7 @@ class _Output:
             for nid in sorted(self.names, key=_id_key):
                 groups.setdefault(bytes(self.folded[nid]), []).append(self.names[nid])
             for out, members in groups.items():
-                from gxpstyle.config import hostpattern   # only -b folds names
+                from gxpstyle.config import hostpattern  # only -b folds names
                 header = hostpattern.fold(members)
                 self.write(1, ("-" * 15 + "\n" + header + " (%d)\n" % len(members)
                                + "-" * 15 + "\n").encode())

@@ -13,11 +13,11 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set
 
+from gxpstyle.api.interfaces import Shell
+from gxpstyle.api.services import Service, Verb
 from gxpstyle.config import hostpattern
 from gxpstyle.protocol import wire
 from gxpstyle.protocol.schema import Bool, MapOf, Opt, Rec, Str
-from gxpstyle.api.interfaces import Shell
-from gxpstyle.api.services import Service, Verb
 
 if TYPE_CHECKING:
     from gxpstyle.api.head_api import HeadAPI
@@ -42,7 +42,7 @@ def check_env_names(env: Dict[str, Optional[str]], verb: str) -> None:
 class ExecService(Service, Shell):
     name = "exec"
 
-    def __init__(self, head: "HeadAPI") -> None:
+    def __init__(self, head: HeadAPI) -> None:
         super().__init__(head)
         self.last_status: Dict[str, int] = {}
         self.pending_status: Dict[int, Dict[str, int]] = {}

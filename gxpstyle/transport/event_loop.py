@@ -22,7 +22,7 @@ import os
 import selectors
 import signal
 import time
-from _thread import allocate_lock   # `threading` costs an agent 4 ms at start
+from _thread import allocate_lock  # `threading` costs an agent 4 ms at start
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings

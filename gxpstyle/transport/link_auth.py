@@ -218,7 +218,7 @@ def _relay(tls, plain):
                 pass
 
 
-class RefusalLog(object):
+class RefusalLog:
     """One log line per refused connection, but at most `burst` lines per
     `window` seconds: a flood of bad peers must not fill the user's disk. The
     lines held back are counted and summed up in one line when the next window
@@ -262,7 +262,7 @@ class RefusalLog(object):
                 % (n, "" if n == 1 else "s", self.window)]
 
 
-class Listener(object):
+class Listener:
     """Accepts authenticated TLS links on a TCP port, in its own threads.
 
     on_link(label, rfd, wfd) runs in a handshake thread after success; failures
@@ -345,7 +345,7 @@ class Listener(object):
 # -- addresses (direct links and GMount's data channels pick a peer's) ---------
 def local_addresses() -> "List[str]":
     """This host's IPv4 addresses (loopback last), from /proc: no ifconfig needed."""
-    found: "List[str]" = []
+    found: List[str] = []
     try:
         with open("/proc/net/fib_trie") as f:
             lines = f.read().splitlines()

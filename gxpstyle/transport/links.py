@@ -25,9 +25,11 @@ from __future__ import annotations
 import collections
 import itertools
 import os
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
     from typing import Callable, List, Optional
+
     from gxpstyle.launch.child_bootstrap import ChildStart
 
 from gxpstyle.protocol import wire
@@ -44,8 +46,8 @@ class Link:
     """Frames in and out of one neighbour. `on_frame(link, frame)`, `on_close(link, why)`."""
 
     def __init__(self, loop: EventLoop, rfd: int, wfd: int, peer: str,
-                 on_frame: Callable[["Link", bytes], None],
-                 on_close: Callable[["Link", str], None]) -> None:
+                 on_frame: Callable[[Link, bytes], None],
+                 on_close: Callable[[Link, str], None]) -> None:
         self.loop = loop
         self.rfd = rfd
         self.wfd = wfd
@@ -53,11 +55,11 @@ class Link:
         self.on_frame = on_frame
         self.on_close = on_close
         self.reader = wire.FrameReader()
-        self.outq: "collections.deque[memoryview]" = collections.deque()
+        self.outq: collections.deque[memoryview] = collections.deque()
         self.queued = 0
         self.closed = False
         # The bootstrap bringing up the child at the other end, until it is ready.
-        self.starting: "Optional[ChildStart]" = None
+        self.starting: Optional[ChildStart] = None
         self.congested = False
         self._flush_due = False     # a write is queued for the end of the loop's round
         self._drain_waiters: List[Callable[[], None]] = []

@@ -129,7 +129,7 @@ class Placement:
         runs = sorted(self._runs)
         return min(DELAY_MAX, max(DELAY_MIN, DELAY_SHARE * runs[len(runs) // 2]))
 
-    def matcher(self, on: str, masks: Dict[str, "set[str]"]) -> Callable[[NodeView], bool]:
+    def matcher(self, on: str, masks: Dict[str, set[str]]) -> Callable[[NodeView], bool]:
         """Which nodes GXP_ON names (PatternError for a bad pattern)."""
         if on in masks:
             chosen = masks[on]
@@ -138,7 +138,7 @@ class Placement:
         return lambda n: n.id == on or any(pat.match(x) for x in n.names)
 
     def decide(self, nodes: Sequence[NodeView], held: Dict[str, int], total: int, hints: Hints,
-               waited_since: float, now: float, masks: Dict[str, "set[str]"]) -> Decision:
+               waited_since: float, now: float, masks: Dict[str, set[str]]) -> Decision:
         """`held`: input bytes by host (from the catalog); `total`: the inputs'
         size the catalog knows; `waited_since`: when this recipe first asked."""
         need = max(1, hints.slots)

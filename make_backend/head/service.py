@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from gxpstyle.api.interfaces import BcastAPI, ReplicaAPI, Shell
-from gxpstyle.protocol.schema import Bool, Int, ListOf, MapOf, Opt, Rec, Str
 from gxpstyle.api.services import Service, Verb
+from gxpstyle.protocol.schema import Bool, Int, ListOf, MapOf, Opt, Rec, Str
 from make_backend.head.placement import Hints, NodeView, Placement
 from make_backend.head.slot_books import SlotBooks
 from make_backend.head.transfer_plan import INF, TransferPlanner
@@ -63,7 +63,7 @@ class Settling:
 class MakeService(Service):
     name = "make"
 
-    def __init__(self, head: "HeadAPI") -> None:
+    def __init__(self, head: HeadAPI) -> None:
         super().__init__(head)
         shell, replicas, bcast = head.service(Shell), head.service(ReplicaAPI), head.service(BcastAPI)
         if shell is None or replicas is None or bcast is None:

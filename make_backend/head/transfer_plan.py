@@ -34,8 +34,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from gxpstyle.protocol import wire
 from gxpstyle.api.interfaces import BcastAPI, ReplicaAPI, Transfer
+from gxpstyle.protocol import wire
 from make_backend.head.transfer_trace import TraceFile
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class Need:
     mtime: float
     push: bool
     order: str
-    waiters: List["Stage"] = field(default_factory=list)
+    waiters: List[Stage] = field(default_factory=list)
     running: bool = False
     started: float = 0.0
 
@@ -87,7 +87,7 @@ class Stage:
 
 
 class TransferPlanner:
-    def __init__(self, head: "HeadAPI", replicas: ReplicaAPI, bcast: BcastAPI,
+    def __init__(self, head: HeadAPI, replicas: ReplicaAPI, bcast: BcastAPI,
                  rng: Optional[random.Random] = None) -> None:
         self.head = head
         self.replicas = replicas

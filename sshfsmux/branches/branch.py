@@ -25,7 +25,7 @@ STAT_KEYS = ("st_mode", "st_size", "st_mtime", "st_atime", "st_ctime", "st_nlink
              "st_uid", "st_gid")
 
 
-def stat_dict(st: "Any") -> "Dict[str, Any]":
+def stat_dict(st: Any) -> Dict[str, Any]:
     return {k: getattr(st, k) for k in STAT_KEYS}
 
 
@@ -64,10 +64,10 @@ class Branch:
     local = False
     writable = True
 
-    def getattr(self, path: str) -> "Dict[str, Any]":
+    def getattr(self, path: str) -> Dict[str, Any]:
         raise NotImplementedError
 
-    def readdir(self, path: str) -> "List[str]":
+    def readdir(self, path: str) -> List[str]:
         raise NotImplementedError
 
     def readlink(self, path: str) -> str:
@@ -94,7 +94,7 @@ class Branch:
     def truncate(self, path: str, length: int) -> None:
         raise NotImplementedError
 
-    def utimens(self, path: str, times: "Optional[Tuple[float, float]]") -> None:
+    def utimens(self, path: str, times: Optional[Tuple[float, float]]) -> None:
         raise NotImplementedError
 
     def open_read(self, path: str) -> ReadHandle:
@@ -103,7 +103,7 @@ class Branch:
     def open_write(self, path: str, flags: int, mode: int, create: bool) -> WriteHandle:
         raise NotImplementedError
 
-    def statfs(self) -> "Dict[str, Any]":
+    def statfs(self) -> Dict[str, Any]:
         raise NotImplementedError
 
     def getxattr(self, path: str, name: str) -> bytes:
@@ -112,7 +112,7 @@ class Branch:
     def setxattr(self, path: str, name: str, value: bytes) -> None:
         raise OSError(errno.ENOTSUP, os.strerror(errno.ENOTSUP))
 
-    def listxattr(self, path: str) -> "List[str]":
+    def listxattr(self, path: str) -> List[str]:
         return []
 
     def removexattr(self, path: str, name: str) -> None:

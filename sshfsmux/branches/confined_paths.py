@@ -53,7 +53,7 @@ def error(code: int, detail: str = "") -> OSError:
     return OSError(code, text + ": " + detail if detail else text)
 
 
-def split_path(rel: object) -> "List[str]":
+def split_path(rel: object) -> List[str]:
     """The components of a wire path, or OSError (EACCES for an absolute path or
     '..', ENAMETOOLONG, EINVAL for anything else malformed)."""
     if not isinstance(rel, str):
@@ -81,7 +81,7 @@ def split_path(rel: object) -> "List[str]":
     return parts
 
 
-def proc_fd_path(fd: int) -> "str | None":
+def proc_fd_path(fd: int) -> str | None:
     """A path that reaches exactly the object behind fd (Linux /proc magic link),
     for the calls that have no fd or dir_fd form; None without /proc."""
     path = "%s/%d" % (_PROC_FD, fd)
@@ -102,27 +102,27 @@ class Confined:
             self.root_fd = -1
 
     # -- the walk ------------------------------------------------------------
-    def resolve(self, rel: str, follow: bool = False) -> "Tuple[int, str]":
+    def resolve(self, rel: str, follow: bool = False) -> Tuple[int, str]:
         """(dir_fd, name) for wire path `rel`; the caller closes dir_fd. With
         follow, a final symlink is expanded (confined) too; a final component
         that does not exist is returned as is (for create)."""
         return self._walk(split_path(rel), follow)
 
-    def walk(self, parts: "List[str]") -> int:
+    def walk(self, parts: List[str]) -> int:
         """A descriptor of directory `parts` (checked components, any total
         length), symlinks on the way expanded and confined; the caller closes it."""
         d, name = self._walk(parts + ["."], False)
         return d
 
     @contextlib.contextmanager
-    def at(self, rel: str, follow: bool = False) -> "Iterator[Tuple[int, str]]":
+    def at(self, rel: str, follow: bool = False) -> Iterator[Tuple[int, str]]:
         dir_fd, name = self.resolve(rel, follow)
         try:
             yield dir_fd, name
         finally:
             os.close(dir_fd)
 
-    def _walk(self, parts: "List[str]", follow: bool) -> "Tuple[int, str]":
+    def _walk(self, parts: List[str], follow: bool) -> Tuple[int, str]:
         stack = [os.dup(self.root_fd)]
         pending = list(reversed(parts))     # next component at the end
         links = 0
@@ -194,7 +194,7 @@ class Confined:
             raise
 
     @staticmethod
-    def _give(stack: "List[int]", name: str) -> "Tuple[int, str]":
+    def _give(stack: List[int], name: str) -> Tuple[int, str]:
         top = stack.pop()
         for fd in stack:
             os.close(fd)

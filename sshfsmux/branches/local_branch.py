@@ -24,8 +24,15 @@ import time
 
 from sshfsmux.branches.branch import Branch, ReadHandle, WriteHandle
 from sshfsmux.branches.confined_paths import Confined
-from sshfsmux.branches.local_syscalls import (AT_SYMLINK_NOFOLLOW, DIR_FLAGS, OPENAT2_CHUNK, libc_stat,
-                                              open_beneath, openat2, process_umask)
+from sshfsmux.branches.local_syscalls import (
+    AT_SYMLINK_NOFOLLOW,
+    DIR_FLAGS,
+    OPENAT2_CHUNK,
+    libc_stat,
+    open_beneath,
+    openat2,
+    process_umask,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -57,11 +64,11 @@ class LocalReadHandle(ReadHandle):
     def read(self, size: int, offset: int) -> bytes:
         return os.pread(self.fd, size, offset)
 
-    def fd_for(self, size: int, offset: int) -> "Tuple[int, int]":
+    def fd_for(self, size: int, offset: int) -> Tuple[int, int]:
         """(fd, size) the kernel may read this range from (libfuse preads it)."""
         return self.fd, size
 
-    def fstat(self) -> "Dict[str, Any]":
+    def fstat(self) -> Dict[str, Any]:
         return _attrs(os.fstat(self.fd))
 
     def close(self) -> None:
@@ -86,7 +93,7 @@ class LocalWriteHandle(LocalReadHandle, WriteHandle):
         os.fsync(self.fd)
 
 
-def _attrs(st: os.stat_result) -> "Dict[str, Any]":
+def _attrs(st: os.stat_result) -> Dict[str, Any]:
     # stat_dict's keys plus nanosecond times, written out: on the hot path
     d = {"st_mode": st.st_mode, "st_size": st.st_size, "st_mtime": st.st_mtime,
          "st_atime": st.st_atime, "st_ctime": st.st_ctime, "st_nlink": st.st_nlink,
@@ -104,16 +111,16 @@ def _user_xattr(name: str) -> bool:
 class LocalBranch(Branch):
     local = True
 
-    def __init__(self, root: str, node: "Optional[str]" = None,
-                 exclude: "Iterable[str]" = (), name: "Optional[str]" = None) -> None:
+    def __init__(self, root: str, node: Optional[str] = None,
+                 exclude: Iterable[str] = (), name: Optional[str] = None) -> None:
         if not os.path.isdir(root):
             raise _err(errno.ENOTDIR if os.path.exists(root) else errno.ENOENT, root)
         self.root = os.path.abspath(root)
         self.realroot = os.path.realpath(root)
         self.node = node or socket.gethostname()
         self.name = name or self.root
-        self.exclude: "Set[str]" = set()
-        self._rel_exclude: "Set[str]" = set()   # the same, as paths of the branch
+        self.exclude: Set[str] = set()
+        self._rel_exclude: Set[str] = set()   # the same, as paths of the branch
         for p in exclude:
             self.add_exclude(p)
         self.writable = os.access(self.realroot, os.W_OK)
@@ -129,7 +136,7 @@ class LocalBranch(Branch):
         # deadline, thread id]; every such list, to close them with the
         # branch or when their thread has gone (libfuse ends idle workers)
         self._parent = threading.local()
-        self._parents: "List[List[Any]]" = []
+        self._parents: List[List[Any]] = []
         self._parents_lock = threading.Lock()
         self._generations = itertools.count(1)     # next() is atomic
         self._generation = 0       # changed by rename and rmdir: parents reopen
@@ -150,7 +157,7 @@ class LocalBranch(Branch):
                 return True
         return False
 
-    def _at(self, path: str) -> "Tuple[int, str]":
+    def _at(self, path: str) -> Tuple[int, str]:
         """(directory fd, name) of `path`, confined; the caller closes the fd
         unless it is self.root_fd. The last component is never followed.
         Directories are opened relative to the root (openat2 RESOLVE_BENEATH
@@ -195,7 +202,7 @@ class LocalBranch(Branch):
         if fd != self.root_fd:
             os.close(fd)
 
-    def _one(self, path: str, fn: "Any") -> "Any":
+    def _one(self, path: str, fn: Any) -> Any:
         """fn(name, directory fd) for `path`, confined (see _at)."""
         d, name = self._at(path)
         try:
@@ -208,7 +215,7 @@ class LocalBranch(Branch):
         return self._one(path, lambda n, d: os.open(
             n, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d))
 
-    def _hidden(self, path: str, names: "Iterable[str]") -> "Set[str]":
+    def _hidden(self, path: str, names: Iterable[str]) -> Set[str]:
         """The names of directory `path` that the exclude list hides."""
         if not self._rel_exclude:
             return set()
@@ -216,7 +223,7 @@ class LocalBranch(Branch):
         return {n for n in names if base + n in self._rel_exclude}
 
     # -- metadata ------------------------------------------------------
-    def getattr(self, path: str) -> "Dict[str, Any]":
+    def getattr(self, path: str) -> Dict[str, Any]:
         d, name = self._at(path)
         try:
             return _attrs(os.stat(name, dir_fd=d, follow_symlinks=False))
@@ -224,7 +231,7 @@ class LocalBranch(Branch):
             if d != self.root_fd:
                 os.close(d)
 
-    def stat_into(self, path: bytes, buf: "Any") -> int:
+    def stat_into(self, path: bytes, buf: Any) -> int:
         """lstat of `path` (as libfuse passes it) written into the struct stat
         at `buf`: 0, -ENOENT (also for ENOTDIR, as getattr's callers want),
         or _GENERAL when anything is unusual (root, odd components, excludes,
@@ -273,7 +280,7 @@ class LocalBranch(Branch):
             return -errno.ENOENT if get_errno() in (errno.ENOENT, errno.ENOTDIR) else _GENERAL
         return 0
 
-    def _keep_parent(self, kept: "Optional[List[Any]]", d: bytes, fd: int, generation: int) -> None:
+    def _keep_parent(self, kept: Optional[List[Any]], d: bytes, fd: int, generation: int) -> None:
         """This thread's open parent directory is now `d` (fd), the one it
         had before is closed: only this thread ever uses its own."""
         if kept is None:
@@ -310,7 +317,7 @@ class LocalBranch(Branch):
         every thread's kept parent is reopened before its next use."""
         self._generation = next(self._generations)
 
-    def readdir(self, path: str) -> "List[str]":
+    def readdir(self, path: str) -> List[str]:
         fd = self._dir_fd(path)
         try:
             names = os.listdir(fd)
@@ -319,7 +326,7 @@ class LocalBranch(Branch):
         hidden = self._hidden(path, names)
         return [n for n in names if n not in hidden] if hidden else names
 
-    def readdir_attrs(self, path: str) -> "Dict[str, Dict[str, Any]]":
+    def readdir_attrs(self, path: str) -> Dict[str, Dict[str, Any]]:
         """Every name of a directory with its attributes (lstat), for readdirplus."""
         fd = self._dir_fd(path)
         out = {}
@@ -365,7 +372,7 @@ class LocalBranch(Branch):
     def unlink(self, path: str) -> None:
         self._one(path, lambda n, d: os.unlink(n, dir_fd=d))
 
-    def _two(self, old: str, new: str, fn: "Any") -> None:
+    def _two(self, old: str, new: str, fn: Any) -> None:
         d1, n1 = self._at(old)
         try:
             d2, n2 = self._at(new)
@@ -408,16 +415,16 @@ class LocalBranch(Branch):
         finally:
             os.close(fd)
 
-    def utimens(self, path: str, times: "Optional[Tuple[float, float]]") -> None:
+    def utimens(self, path: str, times: Optional[Tuple[float, float]]) -> None:
         if times is None:
             self._one(path, lambda n, d: os.utime(n, None, dir_fd=d, follow_symlinks=False))
         else:
             self.utimens_ns(path, (int(round(times[0] * 1e9)), int(round(times[1] * 1e9))))
 
-    def utimens_ns(self, path: str, ns: "Tuple[int, int]") -> None:
+    def utimens_ns(self, path: str, ns: Tuple[int, int]) -> None:
         self._one(path, lambda n, d: os.utime(n, ns=ns, dir_fd=d, follow_symlinks=False))
 
-    def statfs(self) -> "Dict[str, Any]":
+    def statfs(self) -> Dict[str, Any]:
         st = os.statvfs(self.realroot)
         return {k: getattr(st, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree",
                                              "f_bavail", "f_files", "f_ffree", "f_favail",
@@ -451,7 +458,7 @@ class LocalBranch(Branch):
                 return LocalWriteHandle(fd)
         return LocalWriteHandle(self._open(path, fl, mode))
 
-    def _xpath(self, path: str) -> "Tuple[int, str]":
+    def _xpath(self, path: str) -> Tuple[int, str]:
         """(fd to close or -1, a path string for the xattr calls, which have
         no dir_fd form): the directory through /proc, the name not followed."""
         d, name = self._at(path)
@@ -480,7 +487,7 @@ class LocalBranch(Branch):
             if fd >= 0:
                 os.close(fd)
 
-    def listxattr(self, path: str) -> "List[str]":
+    def listxattr(self, path: str) -> List[str]:
         fd, p = self._xpath(path)
         try:
             names = os.listxattr(p, follow_symlinks=False)

@@ -23,7 +23,7 @@ _RESOLVE_BENEATH_NO_LINKS = 0x02 | 0x04 | 0x08   # NO_MAGICLINKS | NO_SYMLINKS |
 OPENAT2_CHUNK = 4000            # bytes of path per openat2 call (below PATH_MAX)
 
 
-def _load_openat2() -> "Any":
+def _load_openat2() -> Any:
     try:
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
@@ -55,7 +55,7 @@ def _load_openat2() -> "Any":
 openat2 = _load_openat2()
 
 
-def open_beneath(root_fd: int, comps: "List[str]") -> int:
+def open_beneath(root_fd: int, comps: List[str]) -> int:
     """An O_PATH fd of directory `comps` below root_fd, or -1 when the walk
     meets a symlink (the caller expands it); other errors are raised."""
     assert openat2 is not None
@@ -83,7 +83,7 @@ def open_beneath(root_fd: int, comps: "List[str]") -> int:
     raise OSError(-fd, os.strerror(-fd))
 
 
-def _load_libc_stat() -> "Any":
+def _load_libc_stat() -> Any:
     """libc's openat/fstatat/close through ctypes, for stat_into: the kernel
     writes struct stat straight into libfuse's buffer (no os.stat_result, no
     dict, no field-by-field copy: the hot path of a cold stat storm)."""

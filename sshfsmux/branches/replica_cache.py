@@ -84,14 +84,14 @@ def key_hash(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:HASH_CHARS]
 
 
-def final_name(h: str, version: "Tuple[int, ...]") -> str:
+def final_name(h: str, version: Tuple[int, ...]) -> str:
     return ".".join([h] + [str(int(v)) for v in version])
 
 
 class Entry:
     __slots__ = ("key", "file", "version", "used")
 
-    def __init__(self, key: "Optional[str]", file: str, version: "Tuple[int, ...]") -> None:
+    def __init__(self, key: Optional[str], file: str, version: Tuple[int, ...]) -> None:
         self.key = key          # None for a replica found on disk (only its hash is known)
         self.file = file
         self.version = version
@@ -105,7 +105,7 @@ class Entry:
 class Download:
     """One replica being written: a private temporary file in the store."""
 
-    def __init__(self, cache: "ReplicaCache", key: str, version: "Tuple[int, ...]") -> None:
+    def __init__(self, cache: ReplicaCache, key: str, version: Tuple[int, ...]) -> None:
         self.cache = cache
         self.key = key
         self.version = version
@@ -114,7 +114,7 @@ class Download:
         self.fd = fd
         self.finished = False
 
-    def commit(self) -> "Optional[str]":
+    def commit(self) -> Optional[str]:
         """Publish the temporary file as the replica if it is complete (its
         length is the version's size). Returns its path, or None if it is not,
         the store is closed, or the file was changed while it streamed in."""
@@ -140,11 +140,11 @@ def human(n: int) -> str:
     return "%d B" % n
 
 
-def _open_files() -> "Set[str]":
+def _open_files() -> Set[str]:
     """Paths this process has open (Linux: /proc/self/fd). The stores' readers
     (the branches) open replicas by path and keep the descriptor while a file
     is read through the mount; evicting such a replica would free nothing."""
-    found: "Set[str]" = set()
+    found: Set[str] = set()
     try:
         fds = os.listdir("/proc/self/fd")
     except OSError:
@@ -167,8 +167,8 @@ def _unlink(path: str) -> None:
 class ReplicaCache:
     """Complete replicas, keyed by an opaque string (branch and path)."""
 
-    def __init__(self, parent: "Optional[str]" = None, limit: "Optional[int]" = None,
-                 directory: "Optional[str]" = None) -> None:
+    def __init__(self, parent: Optional[str] = None, limit: Optional[int] = None,
+                 directory: Optional[str] = None) -> None:
         self.private = directory is None
         if directory is None:
             # -o cache_dir=DIR is made if missing, under a parent that exists;
@@ -181,10 +181,10 @@ class ReplicaCache:
         os.chmod(self.dir, 0o700)
         self._real = os.path.realpath(self.dir)     # as /proc/self/fd names its files
         self._lock = threading.Lock()
-        self._entries: "Dict[str, Entry]" = {}  # key hash -> replica
-        self._generation: "Dict[str, int]" = {}  # key hash -> changes seen
-        self._pending: "Dict[int, Tuple[str, int, str]]" = {}  # download -> (hash, generation, key)
-        self._pins: "Dict[str, int]" = {}       # key hash -> running recipes needing it
+        self._entries: Dict[str, Entry] = {}  # key hash -> replica
+        self._generation: Dict[str, int] = {}  # key hash -> changes seen
+        self._pending: Dict[int, Tuple[str, int, str]] = {}  # download -> (hash, generation, key)
+        self._pins: Dict[str, int] = {}       # key hash -> running recipes needing it
         if limit is None:
             try:
                 st = os.statvfs(self.dir)
@@ -197,7 +197,7 @@ class ReplicaCache:
             self._load()
 
     @classmethod
-    def persistent(cls, directory: str, limit: "Optional[int]" = None) -> "ReplicaCache":
+    def persistent(cls, directory: str, limit: Optional[int] = None) -> ReplicaCache:
         """A store in `directory` that is kept when it is closed."""
         return cls(limit=limit, directory=directory)
 
@@ -226,7 +226,7 @@ class ReplicaCache:
                 continue
 
     # -- lookups -------------------------------------------------------
-    def get(self, key: str, *version: int) -> "Optional[str]":
+    def get(self, key: str, *version: int) -> Optional[str]:
         """Path of a complete replica of exactly this version, else None (a
         replica of another version is dropped)."""
         h = key_hash(key)
@@ -240,7 +240,7 @@ class ReplicaCache:
             self._drop(h)
             return None
 
-    def current(self, key: str) -> "Optional[Tuple[Tuple[int, ...], str]]":
+    def current(self, key: str) -> Optional[Tuple[Tuple[int, ...], str]]:
         """(version, path) of the replica of `key`, whatever its version."""
         with self._lock:
             e = self._entries.get(key_hash(key))
@@ -269,7 +269,7 @@ class ReplicaCache:
             self._pending[id(d)] = (h, self._generation.get(h, 0), key)
         return d
 
-    def _commit(self, d: Download) -> "Optional[str]":
+    def _commit(self, d: Download) -> Optional[str]:
         with self._lock:
             h, gen, _ = self._pending.pop(id(d), (key_hash(d.key), -1, d.key))
             try:
@@ -292,7 +292,7 @@ class ReplicaCache:
             self._evict_locked(keep=h)
             return final
 
-    def adopt(self, key: str, version: "Tuple[int, ...]", file: str) -> "Optional[str]":
+    def adopt(self, key: str, version: Tuple[int, ...], file: str) -> Optional[str]:
         """Take `file`, a complete copy of `key` at `version` made elsewhere on
         this host (a transfer the head planned, verified by its SHA-256), as
         the replica: renamed into the store, so it must be on the store's file
@@ -352,7 +352,7 @@ class ReplicaCache:
             _unlink(e.file)
 
     # -- space -----------------------------------------------------------
-    def pin(self, keys: "Iterable[str]") -> None:
+    def pin(self, keys: Iterable[str]) -> None:
         """A running recipe needs these files' replicas: never evicted until
         unpin() (counted: two recipes pinning one file need two unpins)."""
         with self._lock:
@@ -360,7 +360,7 @@ class ReplicaCache:
                 h = key_hash(k)
                 self._pins[h] = self._pins.get(h, 0) + 1
 
-    def unpin(self, keys: "Iterable[str]") -> None:
+    def unpin(self, keys: Iterable[str]) -> None:
         with self._lock:
             for k in keys:
                 h = key_hash(k)
@@ -380,7 +380,7 @@ class ReplicaCache:
         with self._lock:
             return sum(e.size for e in self._entries.values())
 
-    def _open_replicas(self) -> "Set[str]":
+    def _open_replicas(self) -> Set[str]:
         """Key hashes of the replicas open in this process."""
         pre = self._real + "/"
         return set(os.path.basename(p).split(".")[0] for p in _open_files() if p.startswith(pre))

@@ -34,12 +34,11 @@ import threading
 import time
 
 from gxpstyle.transport import link_auth
-from sshfsmux.direct import protocol as fs_protocol
 from sshfsmux.branches.branch import STAT_KEYS, Branch, ReadHandle, WriteHandle
-from sshfsmux.direct.channel import (_Channel, _ConnectionLost, _DirList, _oserror, _Pending, _rel,
-                                    _Timeout)
-from sshfsmux.direct.files import HAVE_KEYS, _Fetch, _RemoteFile, _ReplicaReader
 from sshfsmux.branches.replica_cache import TMP_PREFIX, ReplicaCache  # noqa: F401  (TMP_PREFIX: tests)
+from sshfsmux.direct import protocol as fs_protocol
+from sshfsmux.direct.channel import _Channel, _ConnectionLost, _DirList, _oserror, _Pending, _rel, _Timeout
+from sshfsmux.direct.files import HAVE_KEYS, _Fetch, _RemoteFile, _ReplicaReader
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -55,11 +54,11 @@ RETRY_SECONDS = 5.0         # after the export stopped answering, calls fail at 
 class DirectBranch(Branch):
     """A remote export reached over the direct data channel."""
 
-    def __init__(self, host: str, port: int, key: bytes, pin: "Optional[str]", node: str,
-                 cipher: bool = True, cache_dir: "Optional[str]" = None,
+    def __init__(self, host: str, port: int, key: bytes, pin: Optional[str], node: str,
+                 cipher: bool = True, cache_dir: Optional[str] = None,
                  timeout: float = CALL_SECONDS,
                  connect_timeout: float = link_auth.HANDSHAKE_SECONDS,
-                 writable: bool = True, cache: "Optional[ReplicaCache]" = None) -> None:
+                 writable: bool = True, cache: Optional[ReplicaCache] = None) -> None:
         self.host, self.port, self.key, self.pin = host, port, key, pin
         self.node = node
         self.name = "direct:%s" % node
@@ -71,7 +70,7 @@ class DirectBranch(Branch):
         self.timeout = timeout
         self.connect_timeout = min(connect_timeout, timeout)
         self._retry_at = 0.0        # no new connection before this (monotonic)
-        self._chan: "Optional[_Channel]" = None
+        self._chan: Optional[_Channel] = None
         self._chan_lock = threading.Lock()
         # one store for every branch of a mount (`cache`), else one of its own:
         # in `cache_dir` and kept, or private and removed with the branch
@@ -103,8 +102,8 @@ class DirectBranch(Branch):
             self._chan = ch
             return ch
 
-    def _call(self, call: str, args: "Dict[str, Any]",
-              make: "Optional[Callable[[], _Pending]]" = None) -> "Tuple[Any, _Channel]":
+    def _call(self, call: str, args: Dict[str, Any],
+              make: Optional[Callable[[], _Pending]] = None) -> Tuple[Any, _Channel]:
         for attempt in (0, 1):
             ch = self._channel()
             p = make() if make is not None else _Pending()
@@ -151,7 +150,7 @@ class DirectBranch(Branch):
         for rel in rels:
             self.cache.invalidate(self.replica_key(rel))
 
-    def adopt(self, path: str, file: str) -> "Optional[str]":
+    def adopt(self, path: str, file: str) -> Optional[str]:
         """Make `file` (a complete copy of `path` on this host) this branch's
         replica of it, at the version the export has now; its path, or None."""
         rel = _rel(path)
@@ -163,17 +162,17 @@ class DirectBranch(Branch):
         return self.cache.adopt(self.replica_key(rel), version, file)
 
     # -- Branch ----------------------------------------------------------------
-    def getattr(self, path: str) -> "Dict[str, Any]":
+    def getattr(self, path: str) -> Dict[str, Any]:
         return self._stat_reply(self._do("getattr", path=_rel(path)))
 
     @staticmethod
-    def _stat_reply(r: "Any") -> "Dict[str, Any]":
+    def _stat_reply(r: Any) -> Dict[str, Any]:
         try:
             return {k: r[k] for k in STAT_KEYS}
         except (TypeError, KeyError):
             raise _oserror(errno.EIO, "bad reply")
 
-    def getattr_begin(self, path: str) -> "Callable[[], Dict[str, Any]]":
+    def getattr_begin(self, path: str) -> Callable[[], Dict[str, Any]]:
         """Send a getattr now and return what waits for its answer: the merged
         tree asks every peer at once, so a missing name costs one round trip,
         not one per peer. Anything unusual (no connection, a lost one) falls
@@ -186,7 +185,7 @@ class DirectBranch(Branch):
         except OSError:
             return lambda: self.getattr(path)
 
-        def finish() -> "Dict[str, Any]":
+        def finish() -> Dict[str, Any]:
             try:
                 return self._stat_reply(p.wait(self.timeout))
             except _Timeout:
@@ -196,8 +195,8 @@ class DirectBranch(Branch):
                 return self.getattr(path)
         return finish
 
-    def readdir(self, path: str) -> "List[str]":
-        holder: "List[_DirList]" = []
+    def readdir(self, path: str) -> List[str]:
+        holder: List[_DirList] = []
 
         def make() -> _Pending:
             holder.append(_DirList())
@@ -238,10 +237,10 @@ class DirectBranch(Branch):
         self._forget(rel)
         self._do("truncate", path=rel, length=length)
 
-    def utimens(self, path: str, times: "Optional[Tuple[float, float]]") -> None:
+    def utimens(self, path: str, times: Optional[Tuple[float, float]]) -> None:
         self._do("utimens", path=_rel(path), times=None if times is None else list(times))
 
-    def statfs(self) -> "Dict[str, Any]":
+    def statfs(self) -> Dict[str, Any]:
         r = self._do("statfs")
         if not isinstance(r, dict):
             raise _oserror(errno.EIO, "bad reply")
@@ -256,7 +255,7 @@ class DirectBranch(Branch):
     def setxattr(self, path: str, name: str, value: bytes) -> None:
         self._do("setxattr", path=_rel(path), name=name, value=bytes(value))
 
-    def listxattr(self, path: str) -> "List[str]":
+    def listxattr(self, path: str) -> List[str]:
         r = self._do("listxattr", path=_rel(path))
         if not isinstance(r, list):
             raise _oserror(errno.EIO, "bad reply")
@@ -280,10 +279,10 @@ class DirectBranch(Branch):
             if cand is not None and len(cand[0]) != len(HAVE_KEYS):
                 cand = None
             have = dict(zip(HAVE_KEYS, cand[0])) if cand is not None else None
-            fetches: "List[_Fetch]" = []
+            fetches: List[_Fetch] = []
 
             # Bound now, as a default: each pass of the loop has its own list.
-            def make(fetches: "List[_Fetch]" = fetches) -> _Pending:
+            def make(fetches: List[_Fetch] = fetches) -> _Pending:
                 fetches.append(_Fetch(self, key))
                 return fetches[-1]
             try:

@@ -43,13 +43,13 @@ class _Pending:
     connection's I/O thread and must not block."""
 
     req = 0
-    channel: "Any" = None
+    channel: Any = None
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.errno = 0
-        self.result: "Any" = None
-        self.lost: "Optional[str]" = None
+        self.result: Any = None
+        self.lost: Optional[str] = None
 
     def on_reply(self, err: int, result: Any) -> bool:
         """Store the reply; True if fs_data frames follow."""
@@ -57,7 +57,7 @@ class _Pending:
         self.done.set()
         return False
 
-    def on_data(self, msg: "Dict[str, Any]") -> bool:
+    def on_data(self, msg: Dict[str, Any]) -> bool:
         """Take one fs_data frame; True when the stream is over."""
         return bool(msg["eof"])
 
@@ -82,21 +82,21 @@ class _Pending:
 class _Channel:
     """One authenticated connection and the calls in flight on it."""
 
-    def __init__(self, host: str, port: int, key: bytes, pin: "Optional[str]", cipher: bool,
+    def __init__(self, host: str, port: int, key: bytes, pin: Optional[str], cipher: bool,
                  timeout: float, call_timeout: float) -> None:
         sock, macs = fs_protocol.connect(host, port, key, pin, cipher, timeout)
         self.timeout = call_timeout
         self.lock = threading.Lock()
-        self.pending: "Dict[int, _Pending]" = {}
+        self.pending: Dict[int, _Pending] = {}
         self.next_req = 1
-        self.dead: "Optional[str]" = None
+        self.dead: Optional[str] = None
         # a peer that stops reading or stops mid-frame is gone after the same bound
         self.conn = fs_protocol.FrameConn(sock, macs, on_frame=self._on_frame,
                                           on_close=self._on_close, frame_seconds=call_timeout,
                                           stall_seconds=call_timeout)
         self.conn.start("fs-direct-%s:%d" % (host, port))
 
-    def submit(self, call: str, args: "Dict[str, Any]", p: _Pending, block: bool = True) -> int:
+    def submit(self, call: str, args: Dict[str, Any], p: _Pending, block: bool = True) -> int:
         with self.lock:
             if self.dead is not None:
                 raise _ConnectionLost(self.dead, sent=False)
@@ -147,7 +147,7 @@ class _Channel:
 class _DirList(_Pending):
     def __init__(self) -> None:
         _Pending.__init__(self)
-        self.names: "List[str]" = []
+        self.names: List[str] = []
 
     def on_reply(self, err: int, result: Any) -> bool:
         if not err and (not isinstance(result, dict) or not isinstance(result.get("names"), list)
@@ -163,7 +163,7 @@ class _DirList(_Pending):
         self.done.set()
         return False
 
-    def on_data(self, msg: "Dict[str, Any]") -> bool:
+    def on_data(self, msg: Dict[str, Any]) -> bool:
         if msg["data"]:
             self.names.extend(os.fsdecode(n) for n in msg["data"].split(b"\0"))
         if msg["eof"]:

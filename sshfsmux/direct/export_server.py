@@ -32,8 +32,8 @@ import time
 
 from gxpstyle.transport import link_auth
 from sshfsmux.branches import confined_paths
-from sshfsmux.direct import protocol as fs_protocol
 from sshfsmux.branches.branch import stat_dict
+from sshfsmux.direct import protocol as fs_protocol
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class _Listener(link_auth.Listener):
     the handshake slot is given back once the peer is authenticated, and the
     connection is served without a relay (its I/O loop owns the TLS socket)."""
 
-    def __init__(self, server: "ExportServer", **kw: Any) -> None:
+    def __init__(self, server: ExportServer, **kw: Any) -> None:
         self.server = server
         link_auth.Listener.__init__(self, **kw)
 
@@ -78,9 +78,9 @@ class _Listener(link_auth.Listener):
 class ExportServer:
     """Serves `root` on a TCP port to peers that prove `key` (see fs_protocol)."""
 
-    def __init__(self, root: str, read_only: bool, key: bytes, certfile: "Optional[str]",
-                 keyfile: "Optional[str]", pin: "Optional[str]", host: str = "0.0.0.0",
-                 port: int = 0, cipher: bool = True, log: "Optional[Callable[[str], None]]" = None,
+    def __init__(self, root: str, read_only: bool, key: bytes, certfile: Optional[str],
+                 keyfile: Optional[str], pin: Optional[str], host: str = "0.0.0.0",
+                 port: int = 0, cipher: bool = True, log: Optional[Callable[[str], None]] = None,
                  max_clients: int = MAX_CLIENTS, frame_seconds: float = 60.0,
                  handshake_seconds: float = link_auth.HANDSHAKE_SECONDS,
                  max_open: int = MAX_OPEN) -> None:
@@ -102,7 +102,7 @@ class ExportServer:
         self.open_count = 0
         self.sessions: set = set()
         self.lock = threading.Lock()
-        self.stats: "Dict[str, Any]" = {"calls": collections.Counter(), "connections": 0,
+        self.stats: Dict[str, Any] = {"calls": collections.Counter(), "connections": 0,
                                         "refused": 0, "dropped": 0}
         self.closed = False
         label = fs_protocol.LABEL if cipher else fs_protocol.LABEL_PLAIN
@@ -122,7 +122,7 @@ class ExportServer:
             self.stats["refused"] += 1
         self.refusals.refused(_addr(addr), _one_line(why))
 
-    def _authenticate(self, conn: Any, seconds: float) -> "Tuple[Any, Any]":
+    def _authenticate(self, conn: Any, seconds: float) -> Tuple[Any, Any]:
         fs_protocol.tune_socket(conn)
         if self.cipher:
             keys = {fs_protocol.LABEL: self.key}
@@ -202,7 +202,7 @@ class _Stream:
     """A stream in progress: produce() queues its next frame, returns True at the
     end. Holds one of the export's open slots until close()."""
 
-    def __init__(self, session: "_Session", req: int) -> None:
+    def __init__(self, session: _Session, req: int) -> None:
         self.session = session
         self.req = req
         self.holds_slot = True
@@ -221,7 +221,7 @@ class _Stream:
 
 
 class _FileStream(_Stream):
-    def __init__(self, session: "_Session", req: int, fd: int) -> None:
+    def __init__(self, session: _Session, req: int, fd: int) -> None:
         _Stream.__init__(self, session, req)
         self.fd = fd
         self.sent = 0
@@ -254,7 +254,7 @@ class _FileStream(_Stream):
 
 
 class _NameStream(_Stream):
-    def __init__(self, session: "_Session", req: int, raw: "List[bytes]") -> None:
+    def __init__(self, session: _Session, req: int, raw: List[bytes]) -> None:
         _Stream.__init__(self, session, req)
         self.raw = raw
         self.pos = 0
@@ -279,9 +279,9 @@ class _Session:
         self.c = server.confined
         self.addr = addr
         self.read_only = server.read_only
-        self.handles: "Dict[int, int]" = {}
+        self.handles: Dict[int, int] = {}
         self.next_fh = 1
-        self.streams: "collections.OrderedDict" = collections.OrderedDict()
+        self.streams: collections.OrderedDict = collections.OrderedDict()
         self.conn_done = threading.Event()
         self.conn = fs_protocol.FrameConn(sock, macs, on_frame=self.on_frame,
                                           on_close=self.on_close, producer=self.produce,
@@ -379,10 +379,10 @@ class _Session:
             raise fs_protocol.oserror(errno.EBUSY, "request id in use")
 
     # -- calls: c_<name>(req, **args) -> result -----------------------------------
-    def c_getattr(self, rid: int, path: str) -> "Dict[str, Any]":
+    def c_getattr(self, rid: int, path: str) -> Dict[str, Any]:
         return stat_dict(self.c.lstat(path))
 
-    def c_readdir(self, rid: int, path: str) -> "Dict[str, Any]":
+    def c_readdir(self, rid: int, path: str) -> Dict[str, Any]:
         fd = self.c.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             names = os.listdir(fd)
@@ -446,18 +446,18 @@ class _Session:
         finally:
             os.close(fd)
 
-    def c_utimens(self, rid: int, path: str, times: "Optional[Tuple[float, float]]") -> None:
+    def c_utimens(self, rid: int, path: str, times: Optional[Tuple[float, float]]) -> None:
         with self.c.at(path) as (d, name):
             os.utime(name, times, dir_fd=d, follow_symlinks=False)
 
-    def c_statfs(self, rid: int) -> "Dict[str, Any]":
+    def c_statfs(self, rid: int) -> Dict[str, Any]:
         st = os.statvfs(self.c.root_fd)
         out = {k: getattr(st, k) for k in _STATVFS_KEYS}
         if self.read_only:
             out["f_flag"] |= os.ST_RDONLY
         return out
 
-    def _xattr_target(self, path: str) -> "Tuple[int, Any]":
+    def _xattr_target(self, path: str) -> Tuple[int, Any]:
         """(fd, what the *xattr calls take) for the object itself, not following
         a final symlink (FUSE asks for a link's own attributes). None for a
         symlink: user attributes do not exist there."""
@@ -493,7 +493,7 @@ class _Session:
         finally:
             os.close(fd)
 
-    def c_listxattr(self, rid: int, path: str) -> "List[str]":
+    def c_listxattr(self, rid: int, path: str) -> List[str]:
         fd, target = self._xattr_target(path)
         try:
             return [] if target is None else os.listxattr(target)
@@ -510,7 +510,7 @@ class _Session:
             os.close(fd)
 
     def c_read_file(self, rid: int, path: str,
-                    have: "Optional[Tuple[int, int, int, int]]") -> "Dict[str, Any]":
+                    have: Optional[Tuple[int, int, int, int]]) -> Dict[str, Any]:
         self._check_stream_room(rid)
         fd = self._open_regular(path, os.O_RDONLY)
         try:
@@ -528,7 +528,7 @@ class _Session:
             if fd >= 0:
                 os.close(fd)
 
-    def c_version(self, rid: int, path: str) -> "Dict[str, Any]":
+    def c_version(self, rid: int, path: str) -> Dict[str, Any]:
         fd = self._open_regular(path, os.O_RDONLY)
         try:
             st = os.fstat(fd)

@@ -23,16 +23,16 @@ import os
 import threading
 import time
 
-from sshfsmux.direct import protocol as fs_protocol
 from sshfsmux.branches.branch import ReadHandle, WriteHandle
+from sshfsmux.direct import protocol as fs_protocol
 from sshfsmux.direct.channel import _Channel, _ConnectionLost, _oserror, _Pending
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, Optional, Tuple
 
-    from sshfsmux.direct.branch import DirectBranch
     from sshfsmux.branches.replica_cache import Download
+    from sshfsmux.direct.branch import DirectBranch
 
 WRITE_FRAME = fs_protocol.MAX_IO
 HAVE_KEYS = ("size", "mtime_ns", "ctime_ns", "ino")
@@ -41,18 +41,18 @@ HAVE_KEYS = ("size", "mtime_ns", "ctime_ns", "ino")
 class _Fetch(_Pending):
     """A whole-file stream into a replica file; readers wait on `cond` for bytes."""
 
-    def __init__(self, branch: "DirectBranch", key: str) -> None:
+    def __init__(self, branch: DirectBranch, key: str) -> None:
         _Pending.__init__(self)
         self.branch = branch
         self.key = key
         self.cond = threading.Condition()
         self.fd = -1
         self.reader_fd = -1
-        self.download: "Optional[Download]" = None
-        self.meta: "Optional[Tuple[int, int, int, int]]" = None
+        self.download: Optional[Download] = None
+        self.meta: Optional[Tuple[int, int, int, int]] = None
         self.received = 0
         self.complete = False
-        self.failed: "Optional[str]" = None
+        self.failed: Optional[str] = None
         self.progress = time.monotonic()
 
     def on_reply(self, err: int, result: Any) -> bool:
@@ -96,7 +96,7 @@ class _Fetch(_Pending):
         except _ConnectionLost:
             pass
 
-    def on_data(self, msg: "Dict[str, Any]") -> bool:
+    def on_data(self, msg: Dict[str, Any]) -> bool:
         data = msg["data"]
         if data and self.fd >= 0 and self.failed is None:
             try:
@@ -117,7 +117,7 @@ class _Fetch(_Pending):
             return True
         return False
 
-    def _finish(self, msg: "Dict[str, Any]") -> None:
+    def _finish(self, msg: Dict[str, Any]) -> None:
         err = msg.get("errno", 0)
         if self.fd >= 0:
             os.close(self.fd)
@@ -183,7 +183,7 @@ class _Fetch(_Pending):
 
 
 class _WriteAck(_Pending):
-    def __init__(self, handle: "_RemoteFile", expect: int) -> None:
+    def __init__(self, handle: _RemoteFile, expect: int) -> None:
         _Pending.__init__(self)
         self.handle = handle
         self.expect = expect
@@ -201,7 +201,7 @@ class _WriteAck(_Pending):
 # --- handles ------------------------------------------------------------------
 
 class _ReplicaReader(ReadHandle):
-    def __init__(self, fd: int, fetch: "Optional[_Fetch]", timeout: float) -> None:
+    def __init__(self, fd: int, fetch: Optional[_Fetch], timeout: float) -> None:
         self.fd = fd
         self.fetch = fetch
         self.timeout = timeout
@@ -229,14 +229,14 @@ class _ReplicaReader(ReadHandle):
 class _RemoteFile(WriteHandle):
     """A file open for writing on the export; writes are pipelined."""
 
-    def __init__(self, branch: "DirectBranch", ch: _Channel, fh: int) -> None:
+    def __init__(self, branch: DirectBranch, ch: _Channel, fh: int) -> None:
         self.branch = branch
         self.ch = ch
         self.fh = fh
         self.lock = threading.Lock()        # the buffer, and sending
         self.acks = threading.Condition()   # inflight, error (taken by the I/O thread)
         self.inflight = 0
-        self.error: "Optional[OSError]" = None
+        self.error: Optional[OSError] = None
         self.buf = bytearray()
         self.buf_off = 0
         self.closed = False
@@ -308,7 +308,7 @@ class _RemoteFile(WriteHandle):
             if self.error is not None:
                 raise self.error
 
-    def _call(self, call: str, args: "Dict[str, Any]") -> Any:
+    def _call(self, call: str, args: Dict[str, Any]) -> Any:
         p = _Pending()
         try:
             self.ch.submit(call, args, p)

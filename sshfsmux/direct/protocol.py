@@ -68,9 +68,17 @@ import hmac
 
 from gxpstyle.protocol import schema, wire
 from sshfsmux.branches import confined_paths
-from sshfsmux.direct.transport import (LABEL, LABEL_PLAIN, TAG_BYTES, ConnectionLost,  # noqa: F401
-                                       FrameConn, connect, plain_client_handshake,
-                                       plain_server_handshake, tune_socket)
+from sshfsmux.direct.transport import (  # noqa: F401
+    LABEL,
+    LABEL_PLAIN,
+    TAG_BYTES,
+    ConnectionLost,
+    FrameConn,
+    connect,
+    plain_client_handshake,
+    plain_server_handshake,
+    tune_socket,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -106,7 +114,7 @@ def _path(v: Any) -> str:
     return v
 
 
-def _uint(limit: int) -> "Callable[[Any], int]":
+def _uint(limit: int) -> Callable[[Any], int]:
     def check(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= limit:
             raise oserror(errno.EINVAL, "integer out of range")
@@ -120,7 +128,7 @@ def _bool(v: Any) -> bool:
     return v
 
 
-def _data(limit: int) -> "Callable[[Any], bytes]":
+def _data(limit: int) -> Callable[[Any], bytes]:
     def check(v: Any) -> bytes:
         if not isinstance(v, bytes) or len(v) > limit:
             raise oserror(errno.EINVAL, "bad data")
@@ -128,7 +136,7 @@ def _data(limit: int) -> "Callable[[Any], bytes]":
     return check
 
 
-def _text(what: str, limit: int, too_long: int) -> "Callable[[Any], str]":
+def _text(what: str, limit: int, too_long: int) -> Callable[[Any], str]:
     """A checker for a non-empty string without NUL of at most `limit` UTF-8
     bytes; longer ones fail with errno `too_long`."""
     def check(v: Any) -> str:
@@ -148,7 +156,7 @@ _xname = _text("attribute name", MAX_XATTR_NAME, errno.ERANGE)
 _target = _text("symlink target", MAX_LINK_TARGET, errno.ENAMETOOLONG)
 
 
-def _times(v: Any) -> "Optional[Tuple[float, float]]":
+def _times(v: Any) -> Optional[Tuple[float, float]]:
     if v is None:
         return None
     if (not isinstance(v, list) or len(v) != 2
@@ -160,7 +168,7 @@ def _times(v: Any) -> "Optional[Tuple[float, float]]":
 _HAVE_KEYS = ("size", "mtime_ns", "ctime_ns", "ino")
 
 
-def _have(v: Any) -> "Optional[Tuple[int, int, int, int]]":
+def _have(v: Any) -> Optional[Tuple[int, int, int, int]]:
     if v is None:
         return None
     if not isinstance(v, dict):
@@ -217,7 +225,7 @@ IDEMPOTENT = frozenset(("getattr", "readdir", "readlink", "statfs", "getxattr", 
                         "read_file", "read", "version", "chmod", "utimens", "truncate", "setxattr"))
 
 
-def check_args(call: Any, args: Any) -> "Dict[str, Any]":
+def check_args(call: Any, args: Any) -> Dict[str, Any]:
     """Validated arguments of a call, or OSError (ENOSYS, EINVAL, EACCES...)."""
     spec = CALLS.get(call) if isinstance(call, str) else None
     if spec is None:
@@ -234,7 +242,7 @@ def check_args(call: Any, args: Any) -> "Dict[str, Any]":
 
 # --- frames -------------------------------------------------------------------
 
-def call_frame(req: int, call: str, args: "Dict[str, Any]") -> bytes:
+def call_frame(req: int, call: str, args: Dict[str, Any]) -> bytes:
     return wire.encode_frame(SERVER_ADDR, CLIENT_ADDR,
                              {"op": "fs_call", "req": req, "call": call, "args": args})
 
@@ -264,7 +272,7 @@ SCHEMA = {
 _HEAD_MAX = 2 + 2 * wire.MAX_ADDR       # the longest address part of a frame
 
 
-def decode(body: Any, ops: "Tuple[str, ...]") -> "Dict[str, Any]":
+def decode(body: Any, ops: Tuple[str, ...]) -> Dict[str, Any]:
     """A validated message of one of `ops` from a frame body (bytes or memoryview,
     no length prefix); wire.FrameError for anything else. Addresses are checked
     by wire.split_frame, then ignored: a data channel has two ends."""

@@ -34,8 +34,8 @@ import struct
 import threading
 import time
 
-from gxpstyle.transport import link_auth
 from gxpstyle.protocol import wire
+from gxpstyle.transport import link_auth
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ _SEQ = struct.Struct("!Q")
 _LEN = struct.Struct("!I")
 
 
-def frame_tag(key: bytes, seq: int, dst_part: "Any", message: "Any") -> bytes:
+def frame_tag(key: bytes, seq: int, dst_part: Any, message: Any) -> bytes:
     """The tag of frame number `seq` (cipher=none): HMAC over the sequence number,
     the destination (its length byte and address) and the message."""
     h = hmac.new(key, _SEQ.pack(seq), hashlib.sha256)
@@ -58,7 +58,7 @@ def frame_tag(key: bytes, seq: int, dst_part: "Any", message: "Any") -> bytes:
     return h.digest()[:TAG_BYTES].hex().encode("ascii")
 
 
-def tag_frame(key: bytes, seq: int, frame: bytes) -> "Tuple[bytes, Any]":
+def tag_frame(key: bytes, seq: int, frame: bytes) -> Tuple[bytes, Any]:
     """A complete wire frame with its source address replaced by its tag, as
     (header, message) pieces to send one after the other."""
     dl = frame[4]
@@ -108,13 +108,13 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
     return buf
 
 
-def _plain_keys(key: bytes, nc: bytes, ns: bytes) -> "Tuple[bytes, bytes]":
+def _plain_keys(key: bytes, nc: bytes, ns: bytes) -> Tuple[bytes, bytes]:
     """(client-to-server, server-to-client) frame MAC keys."""
     return (_mac(key, b"fs-none c2s", nc, ns), _mac(key, b"fs-none s2c", nc, ns))
 
 
 def plain_client_handshake(sock: socket.socket, key: bytes,
-                           timeout: float = link_auth.HANDSHAKE_SECONDS) -> "Tuple[bytes, bytes]":
+                           timeout: float = link_auth.HANDSHAKE_SECONDS) -> Tuple[bytes, bytes]:
     """link_auth's clear-text mutual proof for label "fs-none"; returns the frame
     MAC keys (send, receive). Raises link_auth.AuthError."""
     deadline = time.monotonic() + timeout
@@ -131,7 +131,7 @@ def plain_client_handshake(sock: socket.socket, key: bytes,
 
 
 def plain_server_handshake(sock: socket.socket, key: bytes,
-                           timeout: float = link_auth.HANDSHAKE_SECONDS) -> "Tuple[bytes, bytes]":
+                           timeout: float = link_auth.HANDSHAKE_SECONDS) -> Tuple[bytes, bytes]:
     """The server side of plain_client_handshake; returns (send, receive) keys."""
     deadline = time.monotonic() + timeout
     head = _recv_exact(sock, 5, deadline)
@@ -160,9 +160,9 @@ def tune_socket(sock: socket.socket) -> None:
             pass
 
 
-def connect(host: str, port: int, key: bytes, pin: "Optional[str]", cipher: bool = True,
+def connect(host: str, port: int, key: bytes, pin: Optional[str], cipher: bool = True,
             timeout: float = link_auth.HANDSHAKE_SECONDS
-            ) -> "Tuple[socket.socket, Optional[Tuple[bytes, bytes]]]":
+            ) -> Tuple[socket.socket, Optional[Tuple[bytes, bytes]]]:
     """An authenticated data channel socket and its frame MAC keys (None with
     TLS). Raises link_auth.AuthError or OSError."""
     sock = socket.create_connection((host, port), timeout=timeout)
@@ -206,17 +206,17 @@ class FrameConn:
     within frame_seconds of its first byte and queued output must move within
     stall_seconds, else the peer is dropped. on_close(reason) runs once, last."""
 
-    def __init__(self, sock: socket.socket, macs: "Optional[Tuple[bytes, bytes]]" = None,
-                 on_frame: "Optional[Callable[[Any], None]]" = None,
-                 on_close: "Optional[Callable[[str], None]]" = None,
-                 producer: "Optional[Callable[[], bool]]" = None,
+    def __init__(self, sock: socket.socket, macs: Optional[Tuple[bytes, bytes]] = None,
+                 on_frame: Optional[Callable[[Any], None]] = None,
+                 on_close: Optional[Callable[[str], None]] = None,
+                 producer: Optional[Callable[[], bool]] = None,
                  pause_when_full: bool = False, out_high: int = 4 << 20, out_low: int = 1 << 20,
                  frame_seconds: float = 60.0, stall_seconds: float = 300.0,
                  max_frame: int = wire.MAX_FRAME) -> None:
         self.sock = sock
         self.tls = isinstance(sock, ssl.SSLSocket)
-        self.send_key: "Optional[bytes]" = macs[0] if macs else None
-        self.recv_key: "Optional[bytes]" = macs[1] if macs else None
+        self.send_key: Optional[bytes] = macs[0] if macs else None
+        self.recv_key: Optional[bytes] = macs[1] if macs else None
         self.send_seq = self.recv_seq = 0
         self.on_frame = on_frame
         self.on_close = on_close
@@ -230,18 +230,18 @@ class FrameConn:
         self.frames_in = 0
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
-        self._out: "collections.deque" = collections.deque()
+        self._out: collections.deque = collections.deque()
         self._out_bytes = 0
         self._head_off = 0
         self._retry_len = 0                 # an SSL write must be retried with the same length
         self._last_progress = time.monotonic()
         self._reader = wire.FrameReader(max_frame)
         self._stage = bytearray(SEND_MAX)   # where reads land
-        self._partial_since: "Optional[float]" = None
+        self._partial_since: Optional[float] = None
         self._read_wants_write = False
         self._write_wants_read = False
-        self._io_ident: "Optional[int]" = None
-        self._thread: "Optional[threading.Thread]" = None
+        self._io_ident: Optional[int] = None
+        self._thread: Optional[threading.Thread] = None
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -252,7 +252,7 @@ class FrameConn:
         self._thread = threading.Thread(target=self.run, name=name, daemon=True)
         self._thread.start()
 
-    def send_frame(self, frame: bytes, block: bool = True, timeout: "Optional[float]" = None) -> None:
+    def send_frame(self, frame: bytes, block: bool = True, timeout: Optional[float] = None) -> None:
         """Queue a complete wire frame (with its length prefix). Raises ConnectionLost."""
         in_io = threading.get_ident() == self._io_ident
         with self._lock:
@@ -292,7 +292,7 @@ class FrameConn:
             self._space.notify_all()
         self._wake()
 
-    def join(self, timeout: "Optional[float]" = None) -> None:
+    def join(self, timeout: Optional[float] = None) -> None:
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -390,7 +390,7 @@ class FrameConn:
                 self._read()
             self._check_deadlines()
 
-    def _wait_ms(self) -> "Optional[int]":
+    def _wait_ms(self) -> Optional[int]:
         """How long the poll may wait: until the first deadline _check_deadlines
         enforces, or without end (None) while none runs: the wake-up pipe and
         the socket bring every other change."""

@@ -30,19 +30,19 @@ class AccessMemo:
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
-        self._names: "Dict[str, Tuple[int, Any, Any, float]]" = {}
+        self._names: Dict[str, Tuple[int, Any, Any, float]] = {}
         # changed by every forget/clear: attributes read before a change are
         # not kept after it (put compares the epoch taken before the read)
         self._epochs = itertools.count(1)
         self.epoch = 0
 
-    def get(self, path: str) -> "Optional[Tuple[int, Any, Any, float]]":
+    def get(self, path: str) -> Optional[Tuple[int, Any, Any, float]]:
         kept = self._names.get(path)
         if kept is not None and kept[3] > time.monotonic():
             return kept
         return None
 
-    def put(self, path: str, a: "Dict[str, Any]", epoch: int) -> "Tuple[int, Any, Any, float]":
+    def put(self, path: str, a: Dict[str, Any], epoch: int) -> Tuple[int, Any, Any, float]:
         """Keep `a` (read after `epoch` was taken) unless something changed since."""
         kept = (a["st_mode"], a.get("st_uid"), a.get("st_gid"), time.monotonic() + self.seconds)
         if self.seconds > 0 and epoch == self.epoch:
@@ -51,7 +51,7 @@ class AccessMemo:
             self._names[path] = kept
         return kept
 
-    def forget(self, paths: "Iterable[str]") -> None:
+    def forget(self, paths: Iterable[str]) -> None:
         self.epoch = next(self._epochs)
         for p in paths:
             self._names.pop(p, None)
@@ -61,7 +61,7 @@ class AccessMemo:
         self._names.clear()
 
 
-GROUPS_CACHE: "Dict[Tuple[int, int], set]" = {}
+GROUPS_CACHE: Dict[Tuple[int, int], set] = {}
 
 
 def groups_of(uid: int, gid: int) -> set:

@@ -13,6 +13,7 @@ import os
 import struct
 import threading
 
+
 def _prefer_libfuse3() -> None:
     """mfusepy loads libfuse 2 when both are installed (common: bindfs and
     many desktop tools pull in libfuse2). Our mounts are written for libfuse 3
@@ -69,7 +70,7 @@ _pyapi.PyGILState_Ensure.restype = ctypes.c_int
 _kept = threading.local()
 
 
-def fill_stat(st: "Any", a: "Dict[str, Any]") -> None:
+def fill_stat(st: Any, a: Dict[str, Any]) -> None:
     """A branch's attributes (nanosecond times under st_*time_ns when it has
     them) straight into libfuse's struct stat, which libfuse has zeroed."""
     st.st_mode = a["st_mode"]
@@ -100,7 +101,7 @@ _BUFVEC_BYTES = struct.Struct("=QQQQiiQiiq")
 _PTR_BYTES = struct.Struct("=Q")
 
 
-def hand_over(bufpp: "Any", h: "Any", size: int, offset: int) -> int:
+def hand_over(bufpp: Any, h: Any, size: int, offset: int) -> int:
     """read_buf's answer: a range that is in a local file (a replica, a local
     branch: the handle has fd_for) goes to libfuse as (fd, offset), so the data
     never passes through Python; anything else is copied into libfuse's memory.
@@ -127,12 +128,12 @@ def hand_over(bufpp: "Any", h: "Any", size: int, offset: int) -> int:
     return 0
 
 
-def safe(fn: "Callable") -> "Callable":
+def safe(fn: Callable) -> Callable:
     """Errors out as errno, never a traceback; -d logs every operation."""
     name = fn.__name__.replace("raw_", "")     # raw_getattr logs as getattr
 
     @functools.wraps(fn)
-    def op(self: "Any", *args: "Any") -> "Any":
+    def op(self: Any, *args: Any) -> Any:
         if self.debug:
             shown = tuple(("<%d bytes>" % len(a)) if isinstance(a, (bytes, bytearray)) else a
                           for a in args)
@@ -169,8 +170,8 @@ _GETATTR_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ct
 _pending = threading.local()     # the callback a mount being started installs
 
 
-def _fast_getattr(fuse: "Any", into: "Callable[[bytes, int], int]",
-                  path: "Any", buf: "Any", fip: "Any") -> int:
+def _fast_getattr(fuse: Any, into: Callable[[bytes, int], int],
+                  path: Any, buf: Any, fip: Any) -> int:
     """The cold-stat path: the branch lstats into libfuse's buffer itself
     (0 or -errno); anything it cannot answer (1) takes mfusepy's way."""
     if not getattr(_kept, "on", False):
@@ -188,7 +189,7 @@ def _fast_getattr(fuse: "Any", into: "Callable[[bytes, int], int]",
                          ctypes.cast(fip, ctypes.POINTER(mfusepy.fuse_file_info)))
 
 
-def _patch_main(mfusepy: "Any") -> None:
+def _patch_main(mfusepy: Any) -> None:
     """mfusepy builds the operations table inside FUSE.__init__ and hands it
     to fuse_main_real at once: a wrapper of that call puts the fast getattr
     in (kept alive by the mount's own frame until libfuse returns)."""
@@ -211,7 +212,7 @@ class _FixedFUSE:
     there, so super() is mfusepy's FUSE): the fast getattr, a quieter wrapper,
     readdirplus, and the three fixes fuse_class names. Here and not inside
     fuse_class so that mfusepy is imported only when a mount starts."""
-    _mfusepy: "Any" = None      # the module, set by fuse_class
+    _mfusepy: Any = None      # the module, set by fuse_class
 
     def __init__(self, operations, mountpoint, **kwargs):  # type: ignore[no-untyped-def]
         # a one-branch mount's getattr goes straight to the branch's
@@ -322,8 +323,8 @@ def fuse_class() -> type:
 ATTR_SECONDS = 1.0      # how long the kernel trusts a name's attributes (libfuse's default)
 
 
-def run_fuse(fs: "Any", mountpoint: str, foreground: bool = True,
-             negative_seconds: float = 0.0, **options: "Any") -> None:
+def run_fuse(fs: Any, mountpoint: str, foreground: bool = True,
+             negative_seconds: float = 0.0, **options: Any) -> None:
     """Mount `fs` at `mountpoint` and serve it until it is unmounted (blocks).
     Options go to libfuse (-o); defaults: fsname=sshfsmux, subtype=sshfsm,
     hard_remove (no .fuse_hidden files in the branches), max_threads=64 (readers

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 class KernelCache:
     """The kernel caches of one running mount."""
 
-    def __init__(self, lib: "Any", fuse: "Optional[int]") -> None:
+    def __init__(self, lib: Any, fuse: Optional[int]) -> None:
         self.lib = lib
         self.fuse = fuse
         if lib is not None:
@@ -36,7 +36,7 @@ class KernelCache:
             fn.restype = ctypes.c_int
 
     @classmethod
-    def capture(cls) -> "KernelCache":
+    def capture(cls) -> KernelCache:
         """Call from the mount's init callback (FUSE's own thread)."""
         try:
             import mfusepy
@@ -53,8 +53,8 @@ class KernelCache:
     def usable(self) -> bool:
         return self.lib is not None and bool(self.fuse)
 
-    def invalidate_paths(self, paths: "Iterable[str]",
-                         exists: "Optional[Callable[[str], bool]]" = None) -> int:
+    def invalidate_paths(self, paths: Iterable[str],
+                         exists: Optional[Callable[[str], bool]] = None) -> int:
         """Drop the kernel's caches for each path (relative to the mount's
         root, starting with '/') and for its directory (its times and size
         changed with the name). Returns how many the kernel had cached; a path

@@ -27,12 +27,12 @@ class LinkNames:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._group: "Dict[str, Set[str]]" = {}
+        self._group: Dict[str, Set[str]] = {}
 
     def __len__(self) -> int:
         return len(self._group)
 
-    def others(self, path: str) -> "List[str]":
+    def others(self, path: str) -> List[str]:
         """The other names of path's file (empty: none known)."""
         if not self._group:          # the common case, without the lock
             return []
@@ -40,7 +40,7 @@ class LinkNames:
             g = self._group.get(path)
             return [n for n in g if n != path] if g else []
 
-    def linked(self, old: str, new: str) -> "List[str]":
+    def linked(self, old: str, new: str) -> List[str]:
         """link(old, new) succeeded: the names whose attributes changed
         (every name of the file but `new`, which the kernel gets fresh)."""
         with self._lock:
@@ -52,13 +52,13 @@ class LinkNames:
             self._group[new] = g
             return [n for n in g if n != new]
 
-    def removed(self, path: str) -> "List[str]":
+    def removed(self, path: str) -> List[str]:
         """path was unlinked (or replaced by a rename): the file's other names,
         whose nlink and ctime changed."""
         with self._lock:
             return self._drop(path)
 
-    def _drop(self, path: str) -> "List[str]":
+    def _drop(self, path: str) -> List[str]:
         g = self._group.pop(path, None)
         if g is None:
             return []
@@ -68,7 +68,7 @@ class LinkNames:
             self._group.pop(next(iter(g)), None)
         return out
 
-    def renamed(self, old: str, new: str) -> "List[str]":
+    def renamed(self, old: str, new: str) -> List[str]:
         """rename(old, new) succeeded (old may be a directory: the names below
         it move too): the names whose attributes changed (a replaced `new`'s
         other names; the moved file's other names, for its ctime)."""

@@ -10,7 +10,8 @@ import stat
 import time
 
 from sshfsmux.branches.branch import Branch, WriteHandle
-from sshfsmux.fs.fuse_glue import _e, fuse_get_context, safe as _safe
+from sshfsmux.fs.fuse_glue import _e, fuse_get_context
+from sshfsmux.fs.fuse_glue import safe as _safe
 from sshfsmux.fs.merged_handles import View
 
 TYPE_CHECKING = False
@@ -96,7 +97,7 @@ class NameChanges:
             raise _e(errno.EROFS)
         return self.create_branch
 
-    def _exists(self, path: str) -> "Optional[View]":
+    def _exists(self, path: str) -> Optional[View]:
         try:
             return self._view(path)
         except OSError as e:
@@ -159,7 +160,7 @@ class NameChanges:
         self._changed(target)
         return 0
 
-    def _remove_in(self, b: Branch, path: str, a: "Dict[str, Any]") -> None:
+    def _remove_in(self, b: Branch, path: str, a: Dict[str, Any]) -> None:
         if stat.S_ISDIR(a["st_mode"]):
             b.rmdir(path)
         else:
@@ -304,14 +305,14 @@ class NameChanges:
             self._hints.update(moved)
 
     # -- metadata changes ----------------------------------------------
-    def _targets(self, path: str) -> "Tuple[View, List[Tuple[Branch, Dict[str, Any]]]]":
+    def _targets(self, path: str) -> Tuple[View, List[Tuple[Branch, Dict[str, Any]]]]:
         v = self._view(path, every=True)
         if v.is_dir:
             return v, [(b, a) for b, a in v.holders if stat.S_ISDIR(a["st_mode"])]
         return v, v.replicas
 
     @_safe
-    def chmod(self, path: "Optional[str]", mode: int) -> int:
+    def chmod(self, path: Optional[str], mode: int) -> int:
         self._writable()
         if path is None:
             raise _e(errno.ENOENT)
@@ -331,7 +332,7 @@ class NameChanges:
         return 0
 
     @_safe
-    def chown(self, path: "Optional[str]", uid: int, gid: int) -> int:
+    def chown(self, path: Optional[str], uid: int, gid: int) -> int:
         self._writable()
         if path is None:
             raise _e(errno.ENOENT)
@@ -354,7 +355,7 @@ class NameChanges:
         return 0
 
     @_safe
-    def truncate(self, path: "Optional[str]", length: int, fh: "Optional[int]" = None) -> int:
+    def truncate(self, path: Optional[str], length: int, fh: Optional[int] = None) -> int:
         self._writable()
         if fh is not None and fh in self._handles:
             h = self._handles[fh]
@@ -378,7 +379,7 @@ class NameChanges:
         return 0
 
     @_safe
-    def utimens(self, path: "Optional[str]", times: "Any" = None) -> int:
+    def utimens(self, path: Optional[str], times: Any = None) -> int:
         self._writable()
         if path is None:
             raise _e(errno.ENOENT)
@@ -386,7 +387,7 @@ class NameChanges:
             raise _e(errno.EPERM)
         v, targets = self._targets(path)
         now = time.time_ns()
-        ns: "Tuple[int, ...]"       # (atime, mtime) in ns
+        ns: Tuple[int, ...]       # (atime, mtime) in ns
         if times is None:
             ns = (now, now)
         else:
@@ -404,7 +405,7 @@ class NameChanges:
         self._changed(path)
         return 0
 
-    def _align_times(self, path: str, branches: "List[Branch]") -> None:
+    def _align_times(self, path: str, branches: List[Branch]) -> None:
         """Give every copy the first one's mtime, so replicas stay replicas."""
         try:
             a = branches[0].getattr(path)

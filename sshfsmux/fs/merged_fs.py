@@ -46,10 +46,19 @@ import stat
 import threading
 import time
 
-from sshfsmux.fs.access_memo import AccessMemo, groups_of as _groups_of
 from sshfsmux.branches.branch import Branch, ReadHandle, WriteHandle
-from sshfsmux.fs.fuse_glue import (ATTR_SECONDS, FuseOSError, Operations, _e, fuse_get_context,  # noqa: F401
-                                   hand_over, run_fuse, safe as _safe)
+from sshfsmux.fs.access_memo import AccessMemo
+from sshfsmux.fs.access_memo import groups_of as _groups_of
+from sshfsmux.fs.fuse_glue import (  # noqa: F401
+    ATTR_SECONDS,
+    FuseOSError,
+    Operations,
+    _e,
+    fuse_get_context,
+    hand_over,
+    run_fuse,
+)
+from sshfsmux.fs.fuse_glue import safe as _safe
 from sshfsmux.fs.link_names import LinkNames
 from sshfsmux.fs.merged_changes import NameChanges
 from sshfsmux.fs.merged_handles import MultiWriteHandle, View, _VirtualHandle
@@ -70,13 +79,13 @@ BRANCHES_PATH = "/" + BRANCHES_NAME
 class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
     use_ns = True
 
-    def __init__(self, branches: "List[Branch]", mount_id: str = "",
-                 chain: "Optional[List[str]]" = None, readonly: bool = False,
-                 log: "Optional[Callable[[str], None]]" = None, debug: bool = False,
-                 node: "Optional[str]" = None,
-                 on_ready: "Optional[Callable[[], None]]" = None,
-                 mountpoint: "Optional[str]" = None, read_only: "Optional[bool]" = None,
-                 branch_places: "Optional[List[str]]" = None) -> None:
+    def __init__(self, branches: List[Branch], mount_id: str = "",
+                 chain: Optional[List[str]] = None, readonly: bool = False,
+                 log: Optional[Callable[[str], None]] = None, debug: bool = False,
+                 node: Optional[str] = None,
+                 on_ready: Optional[Callable[[], None]] = None,
+                 mountpoint: Optional[str] = None, read_only: Optional[bool] = None,
+                 branch_places: Optional[List[str]] = None) -> None:
         """`mount_id` ("host:mountpoint", the first line of /.sshfsmux-chain)
         defaults to this host and `mountpoint`; `read_only` is `readonly`."""
         if not branches:
@@ -101,12 +110,12 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
             if line and line not in lines:
                 lines.append(line)
         self.chain = ("\n".join(lines) + "\n").encode() if lines else b""
-        places: "List[str]" = []
+        places: List[str] = []
         for line in branch_places or []:
             if line and line not in places:
                 places.append(line)
         # the read-only virtual files at the root, hidden from readdir
-        self._virtual: "Dict[str, bytes]" = {}
+        self._virtual: Dict[str, bytes] = {}
         if self.chain:
             self._virtual[CHAIN_PATH] = self.chain
         if places:
@@ -114,36 +123,36 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
         self.on_ready = on_ready
         # called with a path after a write handle closes, an unlink or a
         # rename (the GMount service tells the head's replica catalog)
-        self.on_change: "Optional[Callable[[str], None]]" = None
+        self.on_change: Optional[Callable[[str], None]] = None
         self.uid, self.gid = os.getuid(), os.getgid()
         self.started_ns = time.time_ns()
         writable = [b for b in self.branches if b.writable]
         self.create_branch = next((b for b in writable if b.local), writable[0] if writable else None)
-        self._handles: "Dict[int, ReadHandle]" = {}
-        self._dirs: "Dict[int, List[Tuple[str, Optional[Dict[str, Any]]]]]" = {}   # readdirplus
+        self._handles: Dict[int, ReadHandle] = {}
+        self._dirs: Dict[int, List[Tuple[str, Optional[Dict[str, Any]]]]] = {}   # readdirplus
         self._fh = itertools.count(1)
         self._lock = threading.Lock()
-        self._hints: "Dict[str, Dict[str, bytes]]" = {}
+        self._hints: Dict[str, Dict[str, bytes]] = {}
         self._conflicts_logged: set = set()
         self._branch_errors_logged: set = set()
         # hard links made here, and the kernel's caches of the mount (taken
         # in init): a change through one name drops the others' attributes
         self._links = LinkNames()
-        self._kernel: "Any" = None
+        self._kernel: Any = None
         self._access = AccessMemo(ATTR_SECONDS)
         # a GMount node's copy of the directories it looked into (namespace_copy.py):
         # with it, remote branches are asked only for names the copy says they hold
-        self.namespace: "Any" = None
+        self.namespace: Any = None
         self.lookups = 0            # getattr calls that reached this file system
         # requests this host's export server has served (user.sshfsmux.served)
-        self.served: "Optional[Callable[[], int]]" = None
+        self.served: Optional[Callable[[], int]] = None
 
-    def forget_access(self, paths: "List[str]") -> None:
+    def forget_access(self, paths: List[str]) -> None:
         """Names changed elsewhere (the head's "changed" call): their access
         answers are asked again."""
         self._access.forget(paths)
 
-    def _refresh(self, paths: "List[str]") -> None:
+    def _refresh(self, paths: List[str]) -> None:
         """Drop the kernel's cached attributes of these names (other names of
         a file just changed through one of them)."""
         if paths and self._kernel is not None:
@@ -158,7 +167,7 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
                 pass
 
     # -- lifecycle -----------------------------------------------------
-    def init_with_config(self, conn: "Any", config: "Any") -> None:
+    def init_with_config(self, conn: Any, config: Any) -> None:
         # writes of up to 1 MiB per call (the kernel's default is 128 KiB):
         # fewer trips through Python for big sequential writes
         if conn is not None:
@@ -214,9 +223,9 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
             if found is not None:
                 return found
             self.namespace.looked_up(path)
-        holders: "List[Tuple[Branch, Dict[str, Any]]]" = []
+        holders: List[Tuple[Branch, Dict[str, Any]]] = []
         failure = None
-        asked: "Optional[Dict[int, Callable[[], Dict[str, Any]]]]" = None
+        asked: Optional[Dict[int, Callable[[], Dict[str, Any]]]] = None
         for i, b in enumerate(self.branches):
             if asked is None and hasattr(b, "getattr_begin"):
                 # the remote branches are asked at once (one round trip for a
@@ -242,7 +251,7 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
             raise failure if failure is not None else _e(errno.ENOENT)
         return self._classified(path, holders)
 
-    def _classified(self, path: str, holders: "List[Tuple[Branch, Dict[str, Any]]]") -> View:
+    def _classified(self, path: str, holders: List[Tuple[Branch, Dict[str, Any]]]) -> View:
         """The view of `path`'s holders: replicas and conflicts of the first."""
         v = View(path, holders)
         for b, a in holders[1:]:
@@ -254,7 +263,7 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
                 "s" if len(v.conflicts) == 1 else "", v.visible.name, v.visible.name))
         return v
 
-    def _single_attrs(self, path: str) -> "Dict[str, Any]":
+    def _single_attrs(self, path: str) -> Dict[str, Any]:
         # _view's answer for one branch, without building the View
         try:
             return self._single.getattr(path)  # type: ignore[union-attr]
@@ -270,7 +279,7 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
         return self._view(path, every=True)
 
     @staticmethod
-    def _same(path: str, b1: Branch, a1: "Dict[str, Any]", b2: Branch, a2: "Dict[str, Any]") -> bool:
+    def _same(path: str, b1: Branch, a1: Dict[str, Any], b2: Branch, a2: Dict[str, Any]) -> bool:
         m1, m2 = a1["st_mode"], a2["st_mode"]
         if stat.S_IFMT(m1) != stat.S_IFMT(m2):
             return False
@@ -285,7 +294,7 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
                 return False
         return True
 
-    def _fuse_attrs(self, a: "Dict[str, Any]") -> "Dict[str, Any]":
+    def _fuse_attrs(self, a: Dict[str, Any]) -> Dict[str, Any]:
         d = dict(a)
         for k in ("st_atime", "st_mtime", "st_ctime"):
             ns = a.get(k + "_ns")
@@ -295,21 +304,21 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
         d["st_blocks"] = (int(a.get("st_size", 0)) + 511) // 512
         return d
 
-    def _chain_attrs(self, path: str = CHAIN_PATH) -> "Dict[str, Any]":
+    def _chain_attrs(self, path: str = CHAIN_PATH) -> Dict[str, Any]:
         t = self.started_ns
         return {"st_mode": stat.S_IFREG | 0o444, "st_size": len(self._virtual.get(path, b"")),
                 "st_nlink": 1,
                 "st_uid": self.uid, "st_gid": self.gid, "st_atime": t, "st_mtime": t,
                 "st_ctime": t, "st_blocks": 1}
 
-    def _is_chain(self, path: "Optional[str]") -> bool:
+    def _is_chain(self, path: Optional[str]) -> bool:
         return path in self._virtual
 
     def _writable(self) -> None:
         if self.readonly:
             raise _e(errno.EROFS)
 
-    def _listing(self, path: str, v: "Optional[View]" = None) -> "List[str]":
+    def _listing(self, path: str, v: Optional[View] = None) -> List[str]:
         v = v or self._view(path, every=True)
         if not v.is_dir:
             raise _e(errno.ENOTDIR)
@@ -341,11 +350,11 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
         return sorted(names)
 
     # -- attributes ----------------------------------------------------
-    def getattr(self, path: "Optional[str]", fh: "Optional[int]" = None) -> "Dict[str, Any]":
+    def getattr(self, path: Optional[str], fh: Optional[int] = None) -> Dict[str, Any]:
         return self._fuse_attrs(self.raw_getattr(path, fh))
 
     @_safe
-    def raw_getattr(self, path: "Optional[str]", fh: "Optional[int]" = None) -> "Dict[str, Any]":
+    def raw_getattr(self, path: Optional[str], fh: Optional[int] = None) -> Dict[str, Any]:
         """The visible branch's attributes as it gave them (fuse_glue fills
         struct stat from them; getattr converts them for Python callers)."""
         if path in self._virtual:
@@ -361,7 +370,7 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
         return self._view(path).attrs
 
     @_safe
-    def readdir(self, path: str, fh: int) -> "List[str]":
+    def readdir(self, path: str, fh: int) -> List[str]:
         return [".", ".."] + self._listing(path)
 
     @_safe
@@ -370,14 +379,14 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
             return next(self._fh)
 
     @_safe
-    def releasedir(self, path: "Optional[str]", fh: int) -> int:
+    def releasedir(self, path: Optional[str], fh: int) -> int:
         with self._lock:
             self._dirs.pop(fh, None)
         return 0
 
     @_safe
     def readdir_plus(self, path: str, fh: int,
-                     offset: int = 0) -> "List[Tuple[str, Optional[Dict[str, Any]]]]":
+                     offset: int = 0) -> List[Tuple[str, Optional[Dict[str, Any]]]]:
         """readdir with the attributes of every name a local branch holds:
         local branches come first, so the first local holder's attributes are
         the visible ones. Names only remote branches hold come without (the
@@ -394,10 +403,10 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
                 self._dirs[fh] = out
         return out
 
-    def _plus_listing(self, path: str) -> "List[Tuple[str, Optional[Dict[str, Any]]]]":
+    def _plus_listing(self, path: str) -> List[Tuple[str, Optional[Dict[str, Any]]]]:
         v = self._view(path, every=True)
         names = self._listing(path, v)
-        attrs: "Dict[str, Dict[str, Any]]" = {}
+        attrs: Dict[str, Dict[str, Any]] = {}
         for b, a in v.holders:
             fn = getattr(b, "readdir_attrs", None)
             if not b.local or fn is None:
@@ -411,7 +420,7 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
                     break
         if self.namespace is not None:
             attrs.update(self._copy_plus_attrs(path, [n for n in names if n not in attrs]))
-        out: "List[Tuple[str, Optional[Dict[str, Any]]]]" = [(".", None), ("..", None)]
+        out: List[Tuple[str, Optional[Dict[str, Any]]]] = [(".", None), ("..", None)]
         out.extend((n, attrs.get(n)) for n in names)
         return out
 
@@ -460,7 +469,7 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
         return 0
 
     @_safe
-    def statfs(self, path: str) -> "Dict[str, Any]":
+    def statfs(self, path: str) -> Dict[str, Any]:
         b = self.create_branch or self.branches[0]
         return b.statfs()
 
@@ -493,7 +502,7 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
         v = self.file_view(path)
         if v.is_dir:
             raise _e(errno.EISDIR)
-        pairs: "List[Tuple[Branch, WriteHandle]]" = []
+        pairs: List[Tuple[Branch, WriteHandle]] = []
         try:
             for b, _ in v.replicas:
                 pairs.append((b, b.open_write(path, flags, 0, False)))
@@ -541,7 +550,7 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
         return self._handle(fh).read(size, offset)
 
     @_safe
-    def read_buf(self, path: "Optional[str]", bufpp: "Any", size: int, offset: int, fh: int) -> int:
+    def read_buf(self, path: Optional[str], bufpp: Any, size: int, offset: int, fh: int) -> int:
         """Like read, but a range that is in a local file (a replica, a local
         branch) is handed to libfuse as (fd, offset): the data never passes
         through Python."""

@@ -19,12 +19,12 @@ class View:
     """What the branches hold under one name."""
     __slots__ = ("path", "holders", "visible", "attrs", "replicas", "conflicts")
 
-    def __init__(self, path: str, holders: "List[Tuple[Branch, Dict[str, Any]]]") -> None:
+    def __init__(self, path: str, holders: List[Tuple[Branch, Dict[str, Any]]]) -> None:
         self.path = path
         self.holders = holders
         self.visible, self.attrs = holders[0]
         self.replicas = [holders[0]]      # holders of the visible version
-        self.conflicts: "List[Tuple[Branch, Dict[str, Any]]]" = []  # another version (or type)
+        self.conflicts: List[Tuple[Branch, Dict[str, Any]]] = []  # another version (or type)
 
     @property
     def is_dir(self) -> bool:
@@ -42,8 +42,8 @@ class _VirtualHandle(ReadHandle):
 class MultiWriteHandle(WriteHandle):
     """One open file written in every branch holding its visible version."""
 
-    def __init__(self, fs: "Any", path: str,
-                 pairs: "List[Tuple[Branch, WriteHandle]]") -> None:
+    def __init__(self, fs: Any, path: str,
+                 pairs: List[Tuple[Branch, WriteHandle]]) -> None:
         self.fs = fs
         self.path = path
         self.pairs = pairs
@@ -59,7 +59,7 @@ class MultiWriteHandle(WriteHandle):
             h.write(data, offset)
         return n
 
-    def _all(self, what: str, *args: "Any") -> None:
+    def _all(self, what: str, *args: Any) -> None:
         first = None
         for _, h in self.pairs:
             try:
@@ -80,7 +80,7 @@ class MultiWriteHandle(WriteHandle):
     def fsync(self) -> None:
         self._all("fsync")
 
-    def fstat(self) -> "Dict[str, Any]":
+    def fstat(self) -> Dict[str, Any]:
         h = self.pairs[0][1]
         if hasattr(h, "fstat"):
             return h.fstat()

@@ -39,7 +39,7 @@ class NamespaceView:
         def _note(self, b: Branch, e: OSError) -> None: ...
         def _classified(self, path: str, holders: List[Tuple[Branch, Dict[str, Any]]]) -> View: ...
 
-    def _copy_attrs(self, h: "Holder") -> "Dict[str, Any]":
+    def _copy_attrs(self, h: Holder) -> Dict[str, Any]:
         """A remote holder's attributes as the copy knows them (owner: the
         mount's user, who owns what the nodes' mount services write)."""
         _node, size, mtime, mode = h
@@ -48,7 +48,7 @@ class NamespaceView:
                 "st_ctime": mtime, "st_nlink": 2 if stat.S_ISDIR(mode) else 1,
                 "st_uid": self.uid, "st_gid": self.gid}
 
-    def _remote_holders(self, path: str) -> "Optional[List[Tuple[Branch, Dict[str, Any]]]]":
+    def _remote_holders(self, path: str) -> Optional[List[Tuple[Branch, Dict[str, Any]]]]:
         """The remote branches holding `path` by the copy, in branch order
         (None while the copy lacks its directory)."""
         ns = self.namespace
@@ -63,10 +63,10 @@ class NamespaceView:
         return [(b, self._copy_attrs(by_node[b.node])) for b in self.branches
                 if not b.local and b.node in by_node]
 
-    def _view_from_copy(self, path: str, every: bool) -> "Optional[View]":
+    def _view_from_copy(self, path: str, every: bool) -> Optional[View]:
         """The merged view with the copy's remote holders; None while the
         copy lacks the directory (the caller asks every branch)."""
-        holders: "List[Tuple[Branch, Dict[str, Any]]]" = []
+        holders: List[Tuple[Branch, Dict[str, Any]]] = []
         failure = None
         for b in self.branches:
             if not b.local:
@@ -90,7 +90,7 @@ class NamespaceView:
             raise failure if failure is not None else _e(errno.ENOENT)
         return self._classified(path, holders)
 
-    def _copy_names(self, path: str) -> "Optional[List[str]]":
+    def _copy_names(self, path: str) -> Optional[List[str]]:
         """Names the copy lists in directory `path` that a remote branch
         holds (None while the copy lacks it)."""
         ns = self.namespace
@@ -101,7 +101,7 @@ class NamespaceView:
         remote = {b.node for b in self.branches if not b.local}
         return [n for n, hs in listing.items() if any(h[0] in remote for h in hs)]
 
-    def _copy_plus_attrs(self, path: str, names: "Iterable[str]") -> "Dict[str, Dict[str, Any]]":
+    def _copy_plus_attrs(self, path: str, names: Iterable[str]) -> Dict[str, Dict[str, Any]]:
         """readdirplus attributes of names only remote branches hold: the
         first holder's in branch order, as a lookup would find them."""
         ns = self.namespace
@@ -115,7 +115,7 @@ class NamespaceView:
                 out[n] = self._copy_attrs(min(hs, key=lambda h: order[h[0]]))
         return out
 
-    def _settle(self, paths: "Iterable[str]", branches: "Iterable[Branch]") -> None:
+    def _settle(self, paths: Iterable[str], branches: Iterable[Branch]) -> None:
         """After a change through this mount: what each remote branch it
         touched holds now under `paths`, asked of that branch alone, goes
         into the copy (one request to a holder that was just changed)."""
@@ -137,7 +137,7 @@ class NamespaceView:
                 ns.set_holders(p, b.node, (b.node, int(a.get("st_size", 0)),
                                            float(a.get("st_mtime", 0)), int(a["st_mode"])))
 
-    def _dropped(self, path: str, branches: "Iterable[Branch]", tree: bool = False) -> None:
+    def _dropped(self, path: str, branches: Iterable[Branch], tree: bool = False) -> None:
         """`path` was removed from these branches (`tree`: a directory, whose
         listings below are fetched again at the next look)."""
         ns = self.namespace
@@ -149,7 +149,7 @@ class NamespaceView:
         if tree:
             ns.forget_under([path])
 
-    def fresh_holders(self, path: str) -> "List[Tuple[str, int, float, int]]":
+    def fresh_holders(self, path: str) -> List[Tuple[str, int, float, int]]:
         """Every holder of `path` (node, size, mtime, mode), the remote ones
         asked (only those the copy names; every one while the copy lacks the
         directory): what the change feed tells the head. ENOENT when none

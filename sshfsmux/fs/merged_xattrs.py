@@ -10,7 +10,8 @@ import errno
 import re
 import stat
 
-from sshfsmux.fs.fuse_glue import _e, safe as _safe
+from sshfsmux.fs.fuse_glue import _e
+from sshfsmux.fs.fuse_glue import safe as _safe
 from sshfsmux.fs.merged_handles import View
 
 TYPE_CHECKING = False
@@ -50,20 +51,20 @@ class Xattrs:
 
     # -- where a file is -------------------------------------------------
     @staticmethod
-    def copies(v: View) -> "List[Tuple[Branch, int, float]]":
+    def copies(v: View) -> List[Tuple[Branch, int, float]]:
         """The branches holding a complete copy of the visible version of a
         name that is not a directory, with its size and mtime: what
         user.sshfsmux.location names and what the GMount change feed tells
         the head's replica catalog (gmount/node.py), one list so that the
         two agree by construction."""
         size = v.attrs["st_size"]
-        out: "List[Tuple[Branch, int, float]]" = []
+        out: List[Tuple[Branch, int, float]] = []
         for b, a in v.replicas:
             if a["st_size"] == size and all(b.node != c.node for c, _, _ in out):
                 out.append((b, int(size), float(a["st_mtime"])))
         return out
 
-    def file_copies(self, path: str) -> "List[Tuple[str, int, float]]":
+    def file_copies(self, path: str) -> List[Tuple[str, int, float]]:
         """(node, size, mtime) of every complete copy of `path` (copies()),
         none for anything but a regular file; OSError ENOENT when no branch
         holds the name."""
@@ -74,7 +75,7 @@ class Xattrs:
 
     # -- extended attributes -------------------------------------------
     def _location(self, path: str, v: View) -> bytes:
-        nodes: "List[str]" = []
+        nodes: List[str] = []
         if v.is_dir:
             for b, a in v.holders:
                 if stat.S_ISDIR(a["st_mode"]) and b.node not in nodes:
@@ -92,7 +93,7 @@ class Xattrs:
             nodes.append(self.node)
         return ",".join(nodes).encode()
 
-    def _hint_get(self, path: str, v: View, name: str) -> "Optional[bytes]":
+    def _hint_get(self, path: str, v: View, name: str) -> Optional[bytes]:
         if v.visible.local:
             try:
                 return v.visible.getxattr(path, name)
@@ -128,11 +129,11 @@ class Xattrs:
         return v.visible.getxattr(path, name)
 
     @_safe
-    def listxattr(self, path: str) -> "List[str]":
+    def listxattr(self, path: str) -> List[str]:
         if self._is_chain(path):
             return []
         v = self._view(path)
-        names: "List[str]" = []
+        names: List[str] = []
         try:
             names = [n for n in v.visible.listxattr(path) if n.startswith("user.")]
         except OSError as e:

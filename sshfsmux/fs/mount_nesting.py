@@ -36,7 +36,7 @@ def _unescape(s: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
 
 
-def our_mounts(text: str, mountinfo: bool) -> "List[str]":
+def our_mounts(text: str, mountinfo: bool) -> List[str]:
     """Mountpoints of our mounts in /proc/self/mountinfo or /proc/mounts text."""
     out = []
     for line in text.splitlines():
@@ -59,7 +59,7 @@ def inside(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
-def containing(mounts: "List[str]", path: str) -> "Optional[str]":
+def containing(mounts: List[str], path: str) -> Optional[str]:
     """The innermost of `mounts` that `path` is in."""
     best = None
     for mp in mounts:
@@ -68,13 +68,13 @@ def containing(mounts: "List[str]", path: str) -> "Optional[str]":
     return best
 
 
-def lines(data: "Optional[bytes]") -> "List[str]":
+def lines(data: Optional[bytes]) -> List[str]:
     if not data:
         return []
     return [x.strip() for x in data.decode("utf-8", "surrogateescape").splitlines() if x.strip()]
 
 
-def _read(path: str) -> "Optional[bytes]":
+def _read(path: str) -> Optional[bytes]:
     try:
         with open(path, "rb") as f:
             return f.read(MAX_READ)
@@ -82,7 +82,7 @@ def _read(path: str) -> "Optional[bytes]":
         return None
 
 
-def _mount_of(path: str) -> "Optional[str]":
+def _mount_of(path: str) -> Optional[str]:
     try:
         with open("/proc/self/mountinfo") as f:
             mounts = our_mounts(f.read(), True)
@@ -91,7 +91,7 @@ def _mount_of(path: str) -> "Optional[str]":
     return containing(mounts, path)
 
 
-def local_lists(path: str) -> "Tuple[List[str], List[str]]":
+def local_lists(path: str) -> Tuple[List[str], List[str]]:
     """(chain, branch places) of the mount of ours that local `path` is in;
     empty lists if it is in none."""
     real = os.path.realpath(path)
@@ -105,13 +105,13 @@ def local_lists(path: str) -> "Tuple[List[str], List[str]]":
     return [], []
 
 
-def split_place(place: str) -> "Tuple[str, str]":
+def split_place(place: str) -> Tuple[str, str]:
     """'host:/path' -> (host, /path)."""
     host, _, path = place.partition(":")
     return host, path
 
 
-def check_places(spec: str, places: "List[str]", host: str, mountpoint: str) -> None:
+def check_places(spec: str, places: List[str], host: str, mountpoint: str) -> None:
     """Refuse when a branch place of `spec` (a mount of ours) on this host holds
     or lies in `mountpoint`."""
     for place in places:
@@ -126,7 +126,7 @@ def check_places(spec: str, places: "List[str]", host: str, mountpoint: str) -> 
                                "the mount would contain itself" % (spec, p, mountpoint))
 
 
-def check_export(export: str, mountpoint: str, host: str) -> "List[str]":
+def check_export(export: str, mountpoint: str, host: str) -> List[str]:
     """GMount: refuse an export and a mountpoint that hold one another, directly
     or through the mounts the export is built on. Returns the export's branch
     places (this export first) for the new mount's /.sshfsmux-branches."""

@@ -28,13 +28,13 @@ if TYPE_CHECKING:
     Listing = Dict[str, Tuple[Holder, ...]]
 
 
-def split(path: str) -> "Tuple[str, str]":
+def split(path: str) -> Tuple[str, str]:
     """A mount path ("/a/b/c") as (directory key "a/b", name "c")."""
     d, name = os.path.split(path.strip("/"))
     return d, name
 
 
-def holder_tuples(items: "Any") -> "Tuple[Holder, ...]":
+def holder_tuples(items: Any) -> Tuple[Holder, ...]:
     """Holders from the wire ([node, size, mtime, mode] each), malformed ones left out."""
     out = []
     for h in items if isinstance(items, list) else []:
@@ -51,17 +51,17 @@ class NamespaceCopy:
     for listings (it must not wait: the answer comes back through fill; an
     exception: not asked, the next look tries again)."""
 
-    def __init__(self, fetch: "Callable[[List[str]], None]") -> None:
+    def __init__(self, fetch: Callable[[List[str]], None]) -> None:
         self.fetch = fetch
         self.lock = threading.Lock()
-        self.dirs: "Dict[str, Listing]" = {}
-        self.asked: "Dict[str, bool]" = {}         # listings asked for, not yet come
+        self.dirs: Dict[str, Listing] = {}
+        self.asked: Dict[str, bool] = {}         # listings asked for, not yet come
         # names found by asking every branch while their directory's listing
         # was on its way: the kernel may hold them, unseen by the head's changes
-        self.looked: "Dict[str, Set[str]]" = {}
+        self.looked: Dict[str, Set[str]] = {}
 
     # -- reads (FUSE threads) ----------------------------------------------------
-    def listing(self, key: str) -> "Optional[Listing]":
+    def listing(self, key: str) -> Optional[Listing]:
         """Directory `key`'s names and holders, or None while the copy lacks
         it: then the head is asked for it (once) and the caller finds the
         name the way a mount without a copy does. A FUSE call never waits
@@ -79,7 +79,7 @@ class NamespaceCopy:
                 self.asked.pop(key, None)
         return None
 
-    def holders(self, path: str) -> "Optional[Tuple[Holder, ...]]":
+    def holders(self, path: str) -> Optional[Tuple[Holder, ...]]:
         """Who holds `path` ("/a/b"), () if nobody does, None if the copy
         lacks its directory."""
         d, name = split(path)
@@ -103,12 +103,12 @@ class NamespaceCopy:
             return len(self.dirs)
 
     # -- changes (the node's loop, and this mount's own changes) -------------------
-    def fill(self, listings: "Dict[str, Any]") -> "List[str]":
+    def fill(self, listings: Dict[str, Any]) -> List[str]:
         """Listings the head sent: held from now on (replacing any older one).
         Returns the paths found without them meanwhile (the kernel's entries
         of those are to be dropped: a change before the head listed them
         reached no one)."""
-        found: "List[str]" = []
+        found: List[str] = []
         with self.lock:
             for key, names in listings.items():
                 self.dirs[key] = {str(n): holder_tuples(hs) for n, hs in
@@ -117,7 +117,7 @@ class NamespaceCopy:
                 found.extend("/" + (key + "/" if key else "") + n for n in self.looked.pop(key, ()))
         return found
 
-    def update(self, changes: "Dict[str, Any]") -> "List[str]":
+    def update(self, changes: Dict[str, Any]) -> List[str]:
         """Changes the head sent (key -> name -> holders, [] for gone) to
         directories held; returns the mount paths ("/a/b") they touched."""
         touched = []
@@ -135,7 +135,7 @@ class NamespaceCopy:
                     touched.append("/" + (key + "/" if key else "") + str(name))
         return touched
 
-    def set_holders(self, path: str, node: str, holder: "Optional[Holder]") -> None:
+    def set_holders(self, path: str, node: str, holder: Optional[Holder]) -> None:
         """This mount changed `path` on `node`'s export (holder None: removed
         there): its copy says so at once, before the head's word comes back."""
         d, name = split(path)
@@ -150,7 +150,7 @@ class NamespaceCopy:
             else:
                 listing.pop(name, None)
 
-    def forget_under(self, paths: "Iterable[str]") -> None:
+    def forget_under(self, paths: Iterable[str]) -> None:
         """Directories renamed or removed: their listings (and those below) are
         fetched again at the next look."""
         with self.lock:

@@ -22,16 +22,16 @@ PAGE = 20000                  # files a reply; ~1.5 MB of frame at most
 HASH_LIMIT = 16 << 20         # bytes: hashing a bigger output would delay make's exit status
 
 
-def _walk(root: str) -> "Any":
+def _walk(root: str) -> Any:
     for d, dirs, files in os.walk(root):
         dirs.sort()
         for name in sorted(dirs + files):
             yield os.path.join(d, name)
 
 
-def scan_page(export: str, offset: int) -> "Tuple[List[List[Any]], bool]":
+def scan_page(export: str, offset: int) -> Tuple[List[List[Any]], bool]:
     """Names number offset .. offset+PAGE of the export, and whether more follow."""
-    out: "List[List[Any]]" = []
+    out: List[List[Any]] = []
     i = 0
     for path in _walk(export):
         try:
@@ -56,11 +56,11 @@ def _sha256(path: str) -> str:
             h.update(block)
 
 
-def describe(export: str, rels: "List[str]", hashes: bool = True) -> "List[List[Any]]":
+def describe(export: str, rels: List[str], hashes: bool = True) -> List[List[Any]]:
     """[rel, size, mtime, sha256 or '', mode] for each rel the export holds
     (a directory or link too, without hash); names the export lacks are left
     out. `hashes`: hash regular files up to HASH_LIMIT (else never)."""
-    out: "List[List[Any]]" = []
+    out: List[List[Any]] = []
     for rel in rels:
         path = os.path.join(export, rel.lstrip("/"))
         try:

@@ -36,8 +36,8 @@ class ExportWatch:
     """Reports "/rel" of every name changed under `root` to `on_change`
     (from a thread of its own) until close()."""
 
-    def __init__(self, root: str, on_change: "Callable[[str], None]",
-                 log: "Callable[[str], None]") -> None:
+    def __init__(self, root: str, on_change: Callable[[str], None],
+                 log: Callable[[str], None]) -> None:
         self.root = root
         self.on_change = on_change
         self.log = log
@@ -47,7 +47,7 @@ class ExportWatch:
             e = ctypes.get_errno()
             raise OSError(e, "inotify: %s" % os.strerror(e))
         self.stop_r, self.stop_w = os.pipe()
-        self.dirs: "Dict[int, str]" = {}        # watch -> directory below root ("" the root)
+        self.dirs: Dict[int, str] = {}        # watch -> directory below root ("" the root)
         self.full_logged = False
         self._add_tree("", report=False)
         self.thread = threading.Thread(target=self._run, daemon=True)

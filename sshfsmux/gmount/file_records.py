@@ -21,7 +21,7 @@ class ScannedFile(NamedTuple):
     mode: int
 
     @classmethod
-    def from_wire(cls, item: Any) -> Optional["ScannedFile"]:
+    def from_wire(cls, item: Any) -> Optional[ScannedFile]:
         fields = _fields(item, 4) or _fields(item, 3)
         if fields is None:
             return None
@@ -39,7 +39,7 @@ class DescribedFile(NamedTuple):
     mode: int
 
     @classmethod
-    def from_wire(cls, item: Any) -> Optional["DescribedFile"]:
+    def from_wire(cls, item: Any) -> Optional[DescribedFile]:
         fields = _fields(item, 5) or _fields(item, 4)
         if fields is None:
             return None
@@ -58,7 +58,7 @@ class FileCopy(NamedTuple):
     mode: int
 
     @classmethod
-    def from_wire(cls, item: Any) -> Optional["FileCopy"]:
+    def from_wire(cls, item: Any) -> Optional[FileCopy]:
         fields = _fields(item, 5) or _fields(item, 4)
         if fields is None:
             return None

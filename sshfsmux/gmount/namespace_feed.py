@@ -63,7 +63,7 @@ class NamespaceFeed:
     `holders_of(mount, key)` gives the nodes (id -> name) whose exports
     count and the store copies to leave out, per mount (GMountService)."""
 
-    def __init__(self, head: "HeadAPI", catalog: ReplicaAPI,
+    def __init__(self, head: HeadAPI, catalog: ReplicaAPI,
                  exports: Callable[[str], Tuple[Dict[str, str], Set[Tuple[str, str]]]]) -> None:
         self.head = head
         self.catalog = catalog
@@ -139,7 +139,7 @@ class NamespaceFeed:
 
     # -- changes -------------------------------------------------------------------
     def touched(self, mountpoint: str, rels: List[str],
-                done: "Callable[[], None] | None" = None) -> None:
+                done: Callable[[], None] | None = None) -> None:
         """The catalog changed under these names (relative to the mountpoint):
         at the end of this loop round their subscribers hear it; done() once
         every one of them has taken it, and every change sent before."""

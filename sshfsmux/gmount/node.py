@@ -19,9 +19,10 @@ import socket
 import subprocess
 import threading
 
+from gxpstyle.api.node_side import NodeSide
+
 # The host's addresses and the pick of a peer's: the core's (its transfers' direct links use them too).
 from gxpstyle.transport.link_auth import local_addresses, pick_address
-from gxpstyle.api.node_side import NodeSide
 from sshfsmux.fs.namespace_copy import NamespaceCopy
 
 TYPE_CHECKING = False
@@ -86,16 +87,16 @@ def unmount(mountpoint: str) -> str:
     """Unmount; a busy mount is detached lazily. Returns '' or the error line."""
     fm = fusermount()
     r = subprocess.run([fm, "-u", mountpoint], stdin=subprocess.DEVNULL,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+                       capture_output=True, timeout=30)
     if r.returncode != 0 and is_mounted(mountpoint):
         r = subprocess.run([fm, "-u", "-z", mountpoint], stdin=subprocess.DEVNULL,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+                           capture_output=True, timeout=30)
         if r.returncode != 0 and is_mounted(mountpoint):
             return r.stderr.decode("utf-8", "replace").strip() or "fusermount failed"
     return ""
 
 
-def holders_of(fs: "Any", rel: str) -> "List[List[Any]]":
+def holders_of(fs: Any, rel: str) -> List[List[Any]]:
     """[rel, size, mtime, node, mode] of every holder of `rel` that the
     catalog should name (fs has a namespace copy): of a regular file, the
     copies of the visible version; of anything else, every node holding it."""
@@ -107,7 +108,7 @@ def holders_of(fs: "Any", rel: str) -> "List[List[Any]]":
     return [[rel, size, mtime, node, mode] for node, size, mtime, mode in found]
 
 
-def copies_of(fs: "Any", rels: "List[str]") -> "Tuple[List[List[Any]], List[str]]":
+def copies_of(fs: Any, rels: List[str]) -> Tuple[List[List[Any]], List[str]]:
     """What the merged view says of changed names: ([rel, size, mtime, node]
     for every complete copy, the very list the location xattr names
     (Xattrs.copies), [rel with no file: gone from every branch, or not a
@@ -116,8 +117,8 @@ def copies_of(fs: "Any", rels: "List[str]") -> "Tuple[List[List[Any]], List[str]
     cannot answer for (a peer that errs) is in neither list: the catalog
     keeps what it knew."""
     import errno
-    copies: "List[List[Any]]" = []
-    gone: "List[str]" = []
+    copies: List[List[Any]] = []
+    gone: List[str] = []
     for rel in rels:
         try:
             if fs is None:
@@ -140,9 +141,9 @@ class MountSettings:
     """A mount's configuration from the head, checked: every bad value is a
     ValueError in one line, raised before anything is started."""
 
-    def __init__(self, config: "Dict[str, Any]", node_name: str) -> None:
-        from sshfsmux.fs import mount_nesting
+    def __init__(self, config: Dict[str, Any], node_name: str) -> None:
         from sshfsmux.direct.branch import CALL_SECONDS, MAX_CALL_SECONDS
+        from sshfsmux.fs import mount_nesting
 
         self.export = os.path.abspath(config["export"])
         self.mountpoint = os.path.abspath(config["mountpoint"])
@@ -187,8 +188,8 @@ class ChangesWaiting:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.paths: "Set[str]" = set()
-        self.reply: "Optional[Reply]" = None
+        self.paths: Set[str] = set()
+        self.reply: Optional[Reply] = None
         self.armed = False
 
 
@@ -197,7 +198,7 @@ class GMountNode(NodeSide):
     FUSE mount (once the head sends the peers), and the answers to the head's
     calls. The role node's side (gxpstyle/api/node_side.py): it stops with the node."""
 
-    def __init__(self, node: "Any", config: "Dict[str, Any]") -> None:
+    def __init__(self, node: Any, config: Dict[str, Any]) -> None:
         from sshfsmux.direct.export_server import ExportServer
         from sshfsmux.direct.protocol import data_channel_key
 
@@ -211,24 +212,24 @@ class GMountNode(NodeSide):
         self.server = ExportServer(self.cfg.export, self.cfg.ro, self.key, certfile, keyfile,
                                    self.pin, cipher=self.cfg.cipher, log=self.log)
         self.own = local_addresses()
-        self.fs: "Any" = None               # the MergedFS, once mounted
-        self.cache: "Any" = None            # the replica store, once mounted
-        self.kcache: "Any" = None           # the mount's kernel cache handle (FUSE init)
+        self.fs: Any = None               # the MergedFS, once mounted
+        self.cache: Any = None            # the replica store, once mounted
+        self.kcache: Any = None           # the mount's kernel cache handle (FUSE init)
         self.stopping = False
         self.up = False
         self.error = ""
-        self.mount_reply: "Optional[Reply]" = None
+        self.mount_reply: Optional[Reply] = None
         self.go = threading.Event()         # the runner may start FUSE (or give up)
         self.settled = threading.Event()    # FUSE is up, or failed, or stopped
         self.changes_waiting = ChangesWaiting()
-        self.watch: "Any" = None            # ExportWatch, while mounted with peers
+        self.watch: Any = None            # ExportWatch, while mounted with peers
 
-    def info(self) -> "Dict[str, Any]":
+    def info(self) -> Dict[str, Any]:
         """What the head learns of this node's service when it starts."""
         return {"port": self.server.port, "addrs": self.own, "node": self.cfg.host_name,
                 "store": self.cache_dir}
 
-    def calls(self) -> "Dict[str, Callable[..., None]]":
+    def calls(self) -> Dict[str, Callable[..., None]]:
         return {"mount": self.mount, "umount": self.umount, "scan": self.scan,
                 "changed": self.changed, "drop_peers": self.drop_peers,
                 "changes": self.changes, "adopt": self.adopt, "pin": self.pin_replicas,
@@ -238,22 +239,22 @@ class GMountNode(NodeSide):
     def log(self, text: str) -> None:
         self.node.loop.call_soon_threadsafe(lambda: self.node.log(text))
 
-    def in_loop(self, fn: "Callable[..., None]", *args: "Any") -> None:
+    def in_loop(self, fn: Callable[..., None], *args: Any) -> None:
         self.node.loop.call_soon_threadsafe(lambda: fn(*args))
 
     @staticmethod
-    def in_thread(work: "Callable[[], None]") -> None:
+    def in_thread(work: Callable[[], None]) -> None:
         """Work that may block (FUSE, the peers, the disk): never on the loop."""
         threading.Thread(target=work, daemon=True).start()
 
     # -- mount, umount ---------------------------------------------------------
-    def mount(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+    def mount(self, args: Dict[str, Any], reply: Reply) -> None:
         if self.fs is not None:
             reply(False, "already mounted")
             return
         self.in_thread(lambda: self._mount(list(args.get("peers", [])), reply))
 
-    def _mount(self, peers: "List[Dict[str, Any]]", reply: "Reply") -> None:
+    def _mount(self, peers: List[Dict[str, Any]], reply: Reply) -> None:
         mountpoint = self.cfg.mountpoint
         try:
             self.fs = self._merged_fs(peers)
@@ -276,16 +277,16 @@ class GMountNode(NodeSide):
         self.in_loop(reply, False, self.error or ("mount stopped" if self.stopping else
                                                   "mount did not appear within %gs" % MOUNT_WAIT))
 
-    def _merged_fs(self, peers: "List[Dict[str, Any]]") -> "Any":
-        from sshfsmux.fs import merged_fs
-        from sshfsmux.direct.branch import DirectBranch
+    def _merged_fs(self, peers: List[Dict[str, Any]]) -> Any:
         from sshfsmux.branches.local_branch import LocalBranch
         from sshfsmux.branches.replica_cache import ReplicaCache
+        from sshfsmux.direct.branch import DirectBranch
+        from sshfsmux.fs import merged_fs
 
         cfg = self.cfg
         # one replica store for every peer, kept for the session
         cache = self.cache = ReplicaCache.persistent(self.cache_dir, limit=cfg.cache_size)
-        branches: "List[Branch]" = [LocalBranch(cfg.export, node=cfg.host_name)]
+        branches: List[Branch] = [LocalBranch(cfg.export, node=cfg.host_name)]
         for p in peers:
             host = pick_address(list(p.get("addrs") or []), self.own)
             branches.append(DirectBranch(host, int(p["port"]), self.key, self.pin,
@@ -316,14 +317,14 @@ class GMountNode(NodeSide):
             watch.close()
 
     # -- the namespace copy (sshfsmux/fs/namespace_copy.py, gmount/namespace_feed.py) ---
-    def _ask_listings(self, keys: "List[str]") -> None:      # a FUSE thread
+    def _ask_listings(self, keys: List[str]) -> None:      # a FUSE thread
         from gxpstyle.protocol import wire
         host = self.host
         if host is None:
             raise OSError(errno.EIO, "not started")
         self.node.loop.call_soon_threadsafe(lambda: host.send(wire.HEAD, "dirs", {"dirs": keys}))
 
-    def listing(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+    def listing(self, args: Dict[str, Any], reply: Reply) -> None:
         """Listings the head sends for directories this mount asked for."""
         fs = self.fs
         if fs is not None and fs.namespace is not None:
@@ -331,12 +332,12 @@ class GMountNode(NodeSide):
         reply(True, "", {})
         self._arm()         # changes that waited for these listings
 
-    def _drop_kernel_entries(self, paths: "List[str]") -> None:
+    def _drop_kernel_entries(self, paths: List[str]) -> None:
         kc = self.kcache
         if kc is not None and paths:
             self.in_thread(lambda: kc.invalidate_paths(paths, exists=self.in_export))
 
-    def namespace_changed(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+    def namespace_changed(self, args: Dict[str, Any], reply: Reply) -> None:
         """Changes the head saw under directories this mount holds: into the
         copy at once, then out of the kernel's caches (on a thread: never
         inside a FUSE call); answered once both are done."""
@@ -367,7 +368,7 @@ class GMountNode(NodeSide):
         self.up = True
         self.settled.set()
 
-    def umount(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+    def umount(self, args: Dict[str, Any], reply: Reply) -> None:
         w = self.changes_waiting
         with w.lock:
             waiting, w.reply = w.reply, None
@@ -382,7 +383,7 @@ class GMountNode(NodeSide):
         self.in_thread(work)
 
     # -- the replica catalog's calls ---------------------------------------------
-    def scan(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+    def scan(self, args: Dict[str, Any], reply: Reply) -> None:
         """A page of this node's export for the head's replica catalog."""
         from sshfsmux.gmount import export_scan
         export = self.cfg.export
@@ -400,7 +401,7 @@ class GMountNode(NodeSide):
         """A name of the mount is in this node's export (no peer asked)."""
         return os.path.lexists(os.path.join(self.cfg.export, path.lstrip("/")))
 
-    def changed(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+    def changed(self, args: Dict[str, Any], reply: Reply) -> None:
         """Files (relative to the mount's root) another node or this one just
         wrote: drop this mount's kernel caches for them and, with "describe",
         say what this node's export holds of them. Answered once done, so the
@@ -423,7 +424,7 @@ class GMountNode(NodeSide):
             self.in_loop(reply, True, "", {"files": files, "invalidated": dropped})
         self.in_thread(work)
 
-    def adopt(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+    def adopt(self, args: Dict[str, Any], reply: Reply) -> None:
         """A complete, verified copy of a file of the mount (a transfer the head
         planned before a recipe runs here) sits at `file` in the replica store's
         directory: make it the replica the mount reads that file from (keyed by
@@ -465,7 +466,7 @@ class GMountNode(NodeSide):
             raise ValueError("the copy does not match the file's current version")
         return "store"
 
-    def pin_replicas(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+    def pin_replicas(self, args: Dict[str, Any], reply: Reply) -> None:
         """The head pins (or unpins) a recipe's inputs for the recipe's life:
         their replicas here are not evicted meanwhile (replica_cache.py)."""
         from sshfsmux.direct.branch import DirectBranch
@@ -479,7 +480,7 @@ class GMountNode(NodeSide):
         (cache.pin if args.get("pin") else cache.unpin)(keys)
         reply(True, "", {})
 
-    def drop_peers(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+    def drop_peers(self, args: Dict[str, Any], reply: Reply) -> None:
         """Peers the head saw lost: their files leave the merged tree at once
         (make then rebuilds what only they held) instead of failing with EIO
         on every access. The list is replaced whole: a lookup under way keeps
@@ -491,7 +492,7 @@ class GMountNode(NodeSide):
         reply(True, "", {})
 
     # -- changes made through the mount (ChangesWaiting) ------------------------
-    def changes(self, args: "Dict[str, Any]", reply: "Reply") -> None:
+    def changes(self, args: Dict[str, Any], reply: Reply) -> None:
         w = self.changes_waiting
         with w.lock:
             old, w.reply = w.reply, reply
@@ -568,8 +569,8 @@ class GMountNode(NodeSide):
             self.settled.set()
 
 
-def start(node: "Any", config: "Dict[str, Any]"
-          ) -> "Tuple[Dict[str, Any], Callable[[], None], GMountNode]":
+def start(node: Any, config: Dict[str, Any]
+          ) -> Tuple[Dict[str, Any], Callable[[], None], GMountNode]:
     """The role's entry point: what the head learns, the runner that takes the
     main thread, and the node side the agent hosts (its calls; it stops with
     the node)."""

@@ -27,17 +27,16 @@ import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
-from gxpstyle.config import limits
-from gxpstyle.protocol import wire
 from gxpstyle.api.interfaces import ReplicaAPI
-from gxpstyle.protocol.schema import Bool, Int, ListOf, Opt, Rec, Str
 from gxpstyle.api.node_side import Message
 from gxpstyle.api.services import Service, Verb, after
+from gxpstyle.config import limits
+from gxpstyle.protocol import wire
+from gxpstyle.protocol.schema import Bool, Int, ListOf, Opt, Rec, Str
+from sshfsmux.fs import mount_nesting
 from sshfsmux.gmount import file_records
 from sshfsmux.gmount.namespace_feed import NamespaceFeed
-from sshfsmux.fs import mount_nesting
-
-from sshfsmux.gmount.node import NODE_MODULES as MODULES   # the mount code's own list
+from sshfsmux.gmount.node import NODE_MODULES as MODULES  # the mount code's own list
 
 if TYPE_CHECKING:
     from gxpstyle.api.head_api import HeadAPI
@@ -79,7 +78,7 @@ class GMountService(Service):
     service: it feeds the catalog and keeps copies in its replica stores."""
     name = "gmount"
 
-    def __init__(self, head: "HeadAPI") -> None:
+    def __init__(self, head: HeadAPI) -> None:
         super().__init__(head)
         replicas = head.service(ReplicaAPI)
         if replicas is None:

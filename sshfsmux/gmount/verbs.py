@@ -8,8 +8,17 @@ from __future__ import annotations
 import os
 
 from gxpstyle.config import limits
-from gxpstyle.gxpc.verbs import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, Arg, Opt, UsageError, Verb, err,
-                                 write_stream)
+from gxpstyle.gxpc.verbs import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Arg,
+    Opt,
+    UsageError,
+    Verb,
+    err,
+    write_stream,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -21,21 +21,48 @@ import time
 
 import paramiko
 from paramiko.message import Message
-from paramiko.sftp import (CMD_CLOSE, CMD_EXTENDED, CMD_LSTAT, CMD_MKDIR, CMD_NAME, CMD_OPEN,
-                           CMD_OPENDIR, CMD_READDIR, CMD_READLINK, CMD_REALPATH,
-                           CMD_REMOVE, CMD_RENAME, CMD_RMDIR, CMD_SETSTAT, CMD_STAT,
-                           CMD_SYMLINK)
+from paramiko.sftp import (
+    CMD_CLOSE,
+    CMD_EXTENDED,
+    CMD_LSTAT,
+    CMD_MKDIR,
+    CMD_NAME,
+    CMD_OPEN,
+    CMD_OPENDIR,
+    CMD_READDIR,
+    CMD_READLINK,
+    CMD_REALPATH,
+    CMD_REMOVE,
+    CMD_RENAME,
+    CMD_RMDIR,
+    CMD_SETSTAT,
+    CMD_STAT,
+    CMD_SYMLINK,
+)
 from paramiko.sftp_attr import SFTPAttributes
 
 from sshfsmux.branches.branch import Branch, ReadHandle, WriteHandle
 from sshfsmux.branches.local_branch import LocalReadHandle
-from sshfsmux.sftp.session import (DEFAULT_TIMEOUT, FX_EOF, FX_FAILURE, RETRY_SECONDS,
-                                   SSH_FXF_CREAT, SSH_FXF_EXCL, SSH_FXF_READ, SSH_FXF_TRUNC,
-                                   SSH_FXF_WRITE, ConnectionLost, SftpSession, StatusError, _dec,
-                                   _enc, _err, _handle_of)
-from sshfsmux.sftp.streaming import (DirectReadHandle, SftpWriteHandle, StreamReadHandle, _Stream,
-                                     read_range)
+from sshfsmux.sftp.session import (
+    DEFAULT_TIMEOUT,
+    FX_EOF,
+    FX_FAILURE,
+    RETRY_SECONDS,
+    SSH_FXF_CREAT,
+    SSH_FXF_EXCL,
+    SSH_FXF_READ,
+    SSH_FXF_TRUNC,
+    SSH_FXF_WRITE,
+    ConnectionLost,
+    SftpSession,
+    StatusError,
+    _dec,
+    _enc,
+    _err,
+    _handle_of,
+)
 from sshfsmux.sftp.ssh_connect import ConnectError, SshParams, connect_transport, parse_spec
+from sshfsmux.sftp.streaming import DirectReadHandle, SftpWriteHandle, StreamReadHandle, _Stream, read_range
 
 __all__ = ["ConnectError", "SftpBranch"]
 
@@ -50,9 +77,9 @@ class SftpBranch(Branch):
     local = False
     writable = True
 
-    def __init__(self, spec: str, port: "Optional[int]" = None,
-                 identity_file: "Optional[str]" = None, reconnect: bool = False,
-                 cache: "Any" = None, server_alive: int = 0,
+    def __init__(self, spec: str, port: Optional[int] = None,
+                 identity_file: Optional[str] = None, reconnect: bool = False,
+                 cache: Any = None, server_alive: int = 0,
                  connect: bool = True, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.spec = spec
         self.name = spec
@@ -70,14 +97,14 @@ class SftpBranch(Branch):
         self.cache = cache
         self.remote_path = path
         self._conn_lock = threading.Lock()
-        self._sess: "Optional[SftpSession]" = None
-        self._transport: "Optional[paramiko.Transport]" = None
+        self._sess: Optional[SftpSession] = None
+        self._transport: Optional[paramiko.Transport] = None
         self._reconnected = 0
-        self._attr: "Dict[bytes, Tuple[float, Any]]" = {}
-        self._dirs: "Dict[bytes, Tuple[float, List[str]]]" = {}
+        self._attr: Dict[bytes, Tuple[float, Any]] = {}
+        self._dirs: Dict[bytes, Tuple[float, List[str]]] = {}
         self._cache_lock = threading.Lock()
-        self._writers: "Dict[bytes, set]" = {}
-        self._streams: "Dict[Tuple[str, int, int], _Stream]" = {}
+        self._writers: Dict[bytes, set] = {}
+        self._streams: Dict[Tuple[str, int, int], _Stream] = {}
         self._streams_lock = threading.Lock()
         self.root = b"/"
         self.remote_uid = self.remote_gid = -1
@@ -158,10 +185,10 @@ class SftpBranch(Branch):
             self._clear_caches()
             return sess
 
-    def _call_on(self, sess: SftpSession, t: int, *args: "Any") -> "Tuple[int, bytes]":
+    def _call_on(self, sess: SftpSession, t: int, *args: Any) -> Tuple[int, bytes]:
         return sess.request(t, *args)
 
-    def _call(self, t: int, *args: "Any") -> "Tuple[int, bytes]":
+    def _call(self, t: int, *args: Any) -> Tuple[int, bytes]:
         sess = self._session()
         try:
             return sess.request(t, *args)
@@ -197,7 +224,7 @@ class SftpBranch(Branch):
     def _key(self, path: str) -> str:
         return self.name + "|" + path
 
-    def _attrs(self, a: SFTPAttributes) -> "Dict[str, Any]":
+    def _attrs(self, a: SFTPAttributes) -> Dict[str, Any]:
         mode = a.st_mode or 0
         mt = float(a.st_mtime or 0)
         uid, gid = a.st_uid, a.st_gid
@@ -229,14 +256,14 @@ class SftpBranch(Branch):
                 for k in [k for k in self._dirs if k.startswith(pre)]:
                     del self._dirs[k]
 
-    def _cached(self, full: bytes) -> "Any":
+    def _cached(self, full: bytes) -> Any:
         with self._cache_lock:
             c = self._attr.get(full)
         if c is None or c[0] < time.monotonic():
             return None
         return c[1]
 
-    def _remember(self, full: bytes, value: "Any") -> None:
+    def _remember(self, full: bytes, value: Any) -> None:
         with self._cache_lock:
             self._attr[full] = (time.monotonic() + ATTR_TTL, value)
 
@@ -249,7 +276,7 @@ class SftpBranch(Branch):
             self.cache.invalidate(self._key(path))
 
     # -- metadata ------------------------------------------------------
-    def getattr(self, path: str) -> "Dict[str, Any]":
+    def getattr(self, path: str) -> Dict[str, Any]:
         full = self._full(path)
         writers = self._writers.get(full)
         if writers:
@@ -276,7 +303,7 @@ class SftpBranch(Branch):
                     break
         return self._lstat(full, path)
 
-    def _lstat(self, full: bytes, path: str) -> "Dict[str, Any]":
+    def _lstat(self, full: bytes, path: str) -> Dict[str, Any]:
         try:
             t, data = self._call(CMD_LSTAT, full)
         except StatusError as e:
@@ -287,7 +314,7 @@ class SftpBranch(Branch):
         self._remember(full, d)
         return d
 
-    def readdir(self, path: str) -> "List[str]":
+    def readdir(self, path: str) -> List[str]:
         full = self._full(path)
         with self._cache_lock:
             c = self._dirs.get(full)
@@ -296,7 +323,7 @@ class SftpBranch(Branch):
         sess = self._session()
         t, data = sess.request(CMD_OPENDIR, full)
         h = _handle_of(data)
-        names: "List[str]" = []
+        names: List[str] = []
         now = time.monotonic()
         base = full if full.endswith(b"/") else full + b"/"
         try:
@@ -334,7 +361,7 @@ class SftpBranch(Branch):
         m.get_int()
         return _dec(m.get_string())
 
-    def _exists(self, full: bytes) -> "Optional[Dict[str, Any]]":
+    def _exists(self, full: bytes) -> Optional[Dict[str, Any]]:
         try:
             t, data = self._call(CMD_LSTAT, full)
         except StatusError:
@@ -464,7 +491,7 @@ class SftpBranch(Branch):
         self._setstat(path, a)
         self._drop_replicas(path)
 
-    def utimens(self, path: str, times: "Optional[Tuple[float, float]]") -> None:
+    def utimens(self, path: str, times: Optional[Tuple[float, float]]) -> None:
         a = SFTPAttributes()
         if times is None:
             now = int(time.time())
@@ -474,7 +501,7 @@ class SftpBranch(Branch):
         self._setstat(path, a)
         self._drop_replicas(path)
 
-    def statfs(self) -> "Dict[str, Any]":
+    def statfs(self) -> Dict[str, Any]:
         sess = self._session()
         if "statvfs@openssh.com" not in sess.extensions:
             return {"f_bsize": 4096, "f_frsize": 4096, "f_blocks": 0, "f_bfree": 0,
@@ -578,7 +605,7 @@ class SftpBranch(Branch):
         self._drop_replicas(h.path)
 
     # -- chain of cascaded mounts ----------------------------------------
-    def read_small(self, path: bytes, limit: int = 1 << 20) -> "Optional[bytes]":
+    def read_small(self, path: bytes, limit: int = 1 << 20) -> Optional[bytes]:
         """Content of a small remote file by absolute remote path, or None."""
         try:
             sess = self._session()

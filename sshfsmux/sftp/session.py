@@ -16,7 +16,7 @@ import time
 
 import paramiko
 from paramiko.message import Message
-from paramiko.sftp import (BaseSFTP, CMD_EXTENDED, CMD_INIT, CMD_STATUS, CMD_VERSION, int64)
+from paramiko.sftp import CMD_EXTENDED, CMD_INIT, CMD_STATUS, CMD_VERSION, BaseSFTP, int64
 from paramiko.sftp_attr import SFTPAttributes
 
 from sshfsmux.sftp.ssh_connect import MAX_PACKET, WINDOW, ConnectError
@@ -55,7 +55,7 @@ _STATUS_ERRNO = {
 def _err(code: int, what: str = "") -> OSError:
     return OSError(code, os.strerror(code), what) if what else OSError(code, os.strerror(code))
 
-def _enc(s: "str | bytes") -> bytes:
+def _enc(s: str | bytes) -> bytes:
     return s if isinstance(s, bytes) else s.encode("utf-8", "surrogateescape")
 
 def _dec(b: bytes) -> str:
@@ -86,12 +86,12 @@ class StatusError(OSError):
 class _Req:
     __slots__ = ("event", "t", "data", "error", "callback", "sent")
 
-    def __init__(self, callback: "Optional[Callable]" = None) -> None:
+    def __init__(self, callback: Optional[Callable] = None) -> None:
         self.event = None if callback else threading.Event()
         self.sent = time.monotonic()
         self.t = 0
         self.data = b""
-        self.error: "Optional[BaseException]" = None
+        self.error: Optional[BaseException] = None
         self.callback = callback
 
 def _pack(msg: Message, args: tuple) -> None:
@@ -129,7 +129,7 @@ class SftpSession(BaseSFTP):
     the last packet received, not from each request, keeps a slow but live
     link (many pipelined writes draining at a few hundred kB/s) alive."""
 
-    def __init__(self, transport: "paramiko.Transport", timeout: float = 20.0,
+    def __init__(self, transport: paramiko.Transport, timeout: float = 20.0,
                  request_timeout: float = DEFAULT_TIMEOUT) -> None:
         super().__init__()
         self.transport = transport
@@ -155,7 +155,7 @@ class SftpSession(BaseSFTP):
             raise ConnectError("the server did not start an SFTP subsystem")
         m = Message(data)
         self.version = m.get_int()
-        self.extensions: "Dict[str, bytes]" = {}
+        self.extensions: Dict[str, bytes] = {}
         while m.get_remainder():
             try:
                 name = _dec(m.get_string())
@@ -165,9 +165,9 @@ class SftpSession(BaseSFTP):
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)   # pending became non-empty, or dead
         self._send_lock = threading.Lock()
-        self._pending: "Dict[int, _Req]" = {}  # in the order sent
+        self._pending: Dict[int, _Req] = {}  # in the order sent
         self._next = 1
-        self.dead: "Optional[str]" = None
+        self.dead: Optional[str] = None
         self._thread = threading.Thread(target=self._run, name="sftp-reader", daemon=True)
         self._thread.start()
         threading.Thread(target=self._watch, name="sftp-watchdog", daemon=True).start()
@@ -197,7 +197,7 @@ class SftpSession(BaseSFTP):
             n -= len(x)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def _read_packet(self) -> "Tuple[int, bytes]":
+    def _read_packet(self) -> Tuple[int, bytes]:
         head = self._read_all(5)
         size, t = struct.unpack(">IB", head)
         if size > 64 * 1024 * 1024 or size < 1:
@@ -209,7 +209,7 @@ class SftpSession(BaseSFTP):
         self.chan.sendall(struct.pack(">IB", len(body) + 1, t) + body)
 
     # -- requests ------------------------------------------------------
-    def send(self, t: int, args: tuple, callback: "Optional[Callable]" = None) -> _Req:
+    def send(self, t: int, args: tuple, callback: Optional[Callable] = None) -> _Req:
         req = _Req(callback)
         with self._lock:
             if self.dead:
@@ -232,7 +232,7 @@ class SftpSession(BaseSFTP):
             raise ConnectionLost(self.dead or "connection lost")
         return req
 
-    def request(self, t: int, *args: "Any") -> "Tuple[int, bytes]":
+    def request(self, t: int, *args: Any) -> Tuple[int, bytes]:
         """Send and wait; returns (type, data after the id). STATUS errors raise."""
         req = self.send(t, args)
         assert req.event is not None     # no callback: a waiting request

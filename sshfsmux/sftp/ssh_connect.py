@@ -37,7 +37,7 @@ _SPEC_RE = re.compile(r"^(?:(?P<user>[^@/\[\]]+)@)?"
                       r"(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:/@\[\]]+)):(?P<path>.*)$", re.S)
 
 
-def parse_spec(spec: str) -> "Tuple[Optional[str], str, str]":
+def parse_spec(spec: str) -> Tuple[Optional[str], str, str]:
     """'[user@]host:path' -> (user, host, path); '[v6addr]' brackets allowed."""
     m = _SPEC_RE.match(spec)
     if not m:
@@ -48,12 +48,12 @@ def parse_spec(spec: str) -> "Tuple[Optional[str], str, str]":
 class SshParams:
     """Everything needed to reach one host, from the command line and ssh_config."""
 
-    def __init__(self, alias: str, user: "Optional[str]" = None, port: "Optional[int]" = None,
-                 identity_file: "Optional[str]" = None,
-                 config_path: "Optional[str]" = None) -> None:
+    def __init__(self, alias: str, user: Optional[str] = None, port: Optional[int] = None,
+                 identity_file: Optional[str] = None,
+                 config_path: Optional[str] = None) -> None:
         self.alias = alias
         home = os.path.expanduser("~")
-        cfg: "Dict[str, Any]" = {}
+        cfg: Dict[str, Any] = {}
         config_path = config_path or os.path.join(home, ".ssh", "config")
         if os.path.exists(config_path):
             try:
@@ -66,7 +66,7 @@ class SshParams:
             self.port = int(port or cfg.get("port") or 22)
         except ValueError:
             raise ConnectError("bad port %r" % (port or cfg.get("port")))
-        self.identity_files: "List[str]" = []
+        self.identity_files: List[str] = []
         self.explicit_identity = bool(identity_file)
         if identity_file:
             self.identity_files.append(os.path.expanduser(identity_file))
@@ -99,7 +99,7 @@ class SshParams:
             self.proxy_command = None
         self.proxy_jump = cfg.get("proxyjump")
 
-    def known_names(self) -> "List[str]":
+    def known_names(self) -> List[str]:
         names = [self.host_key_alias] if self.host_key_alias else [self.hostname]
         if not self.host_key_alias and self.alias not in names:
             names.append(self.alias)
@@ -108,12 +108,12 @@ class SshParams:
         return names
 
 
-def _load_host_keys(files: "List[str]") -> "paramiko.HostKeys":
+def _load_host_keys(files: List[str]) -> paramiko.HostKeys:
     hk = paramiko.HostKeys()
     for f in files:
         try:
             hk.load(f)
-        except (OSError, IOError):
+        except OSError:
             pass
         except Exception:
             pass
@@ -123,12 +123,12 @@ def _load_host_keys(files: "List[str]") -> "paramiko.HostKeys":
 _RSA_ALGS = ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa")
 
 
-def connect_transport(p: SshParams) -> "paramiko.Transport":
+def connect_transport(p: SshParams) -> paramiko.Transport:
     """An authenticated transport, or ConnectError with a one-line reason."""
     if p.proxy_jump and p.proxy_jump.lower() != "none" and not p.proxy_command:
         raise ConnectError("ProxyJump is not supported; use ProxyCommand 'ssh -W %h:%p JUMPHOST'")
     host_keys = _load_host_keys(p.known_hosts)
-    known_types: "List[str]" = []
+    known_types: List[str] = []
     for n in p.known_names():
         entry = host_keys.lookup(n)
         if entry:
@@ -180,7 +180,7 @@ def connect_transport(p: SshParams) -> "paramiko.Transport":
         raise
 
 
-def _check_host_key(p: SshParams, host_keys: "paramiko.HostKeys", key: "paramiko.PKey") -> None:
+def _check_host_key(p: SshParams, host_keys: paramiko.HostKeys, key: paramiko.PKey) -> None:
     kname = key.get_name()
     seen_other = False
     for n in p.known_names():
@@ -202,10 +202,10 @@ def _check_host_key(p: SshParams, host_keys: "paramiko.HostKeys", key: "paramiko
                        "check and add it" % (p.known_names()[0], p.known_hosts[0]))
 
 
-def _load_key(path: str) -> "Optional[paramiko.PKey]":
+def _load_key(path: str) -> Optional[paramiko.PKey]:
     try:
         return paramiko.PKey.from_path(path)
-    except (OSError, IOError):
+    except OSError:
         return None
     except paramiko.PasswordRequiredException:
         return None
@@ -213,10 +213,10 @@ def _load_key(path: str) -> "Optional[paramiko.PKey]":
         return None
 
 
-def _authenticate(t: "paramiko.Transport", p: SshParams) -> None:
-    tried: "List[str]" = []
-    keys: "List[paramiko.PKey]" = []
-    notes: "List[str]" = []
+def _authenticate(t: paramiko.Transport, p: SshParams) -> None:
+    tried: List[str] = []
+    keys: List[paramiko.PKey] = []
+    notes: List[str] = []
     for f in p.identity_files:
         k = _load_key(f)
         if k is not None:

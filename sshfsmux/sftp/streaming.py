@@ -20,14 +20,33 @@ import struct
 import threading
 
 from paramiko.message import Message
-from paramiko.sftp import (CMD_CLOSE, CMD_DATA, CMD_EXTENDED, CMD_FSETSTAT, CMD_FSTAT,
-                           CMD_OPEN, CMD_READ, CMD_WRITE, int64)
+from paramiko.sftp import (
+    CMD_CLOSE,
+    CMD_DATA,
+    CMD_EXTENDED,
+    CMD_FSETSTAT,
+    CMD_FSTAT,
+    CMD_OPEN,
+    CMD_READ,
+    CMD_WRITE,
+    int64,
+)
 from paramiko.sftp_attr import SFTPAttributes
 
 from sshfsmux.branches.branch import ReadHandle, WriteHandle
-from sshfsmux.sftp.session import (FX_EOF, FX_FAILURE, SSH_FXF_READ, STREAM_CHUNK, STREAM_INFLIGHT,
-                                   WRITE_INFLIGHT, SftpSession, StatusError, _err, _handle_of,
-                                   check_status)
+from sshfsmux.sftp.session import (
+    FX_EOF,
+    FX_FAILURE,
+    SSH_FXF_READ,
+    STREAM_CHUNK,
+    STREAM_INFLIGHT,
+    WRITE_INFLIGHT,
+    SftpSession,
+    StatusError,
+    _err,
+    _handle_of,
+    check_status,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -39,7 +58,7 @@ if TYPE_CHECKING:
 class SftpWriteHandle(WriteHandle):
     """A remote file open for writing; writes are pipelined."""
 
-    def __init__(self, branch: "SftpBranch", full: bytes, path: str, session: SftpSession,
+    def __init__(self, branch: SftpBranch, full: bytes, path: str, session: SftpSession,
                  handle: bytes) -> None:
         self.branch = branch
         self.full = full
@@ -48,10 +67,10 @@ class SftpWriteHandle(WriteHandle):
         self.handle = handle
         self._cond = threading.Condition()
         self._inflight = 0
-        self._error: "Optional[OSError]" = None
+        self._error: Optional[OSError] = None
         self.closed = False
 
-    def _done(self, t: int, data: bytes, err: "Optional[BaseException]") -> None:
+    def _done(self, t: int, data: bytes, err: Optional[BaseException]) -> None:
         with self._cond:
             self._inflight -= 1
             if err is not None:
@@ -121,7 +140,7 @@ class SftpWriteHandle(WriteHandle):
         if "fsync@openssh.com" in self.session.extensions:
             self.session.request(CMD_EXTENDED, "fsync@openssh.com", self.handle)
 
-    def fstat(self) -> "Dict[str, Any]":
+    def fstat(self) -> Dict[str, Any]:
         self.drain()
         t, data = self.session.request(CMD_FSTAT, self.handle)
         return self.branch._attrs(SFTPAttributes._from_msg(Message(data)))
@@ -144,7 +163,7 @@ class _Stream:
     """Streams one remote file into a replica download; shared by the readers
     of that version while it runs."""
 
-    def __init__(self, branch: "SftpBranch", full: bytes, key: str, size: int, mtime: int) -> None:
+    def __init__(self, branch: SftpBranch, full: bytes, key: str, size: int, mtime: int) -> None:
         self.branch = branch
         self.full = full
         self.key = key
@@ -163,14 +182,14 @@ class _Stream:
         self.next_off = 0
         self.inflight = 0
         self.contiguous = 0
-        self.ranges: "Dict[int, int]" = {}  # start -> end, beyond `contiguous`
+        self.ranges: Dict[int, int] = {}  # start -> end, beyond `contiguous`
         self.eof = size
-        self.error: "Optional[OSError]" = None
+        self.error: Optional[OSError] = None
         self.refs = 1
         self.cancelled = False
         self.finished = False   # no more data will arrive (complete, eof, error, cancel)
         self.committed = False
-        self._retry: "List[Tuple[int, int]]" = []
+        self._retry: List[Tuple[int, int]] = []
         self.thread = threading.Thread(target=self._pump, name="sftp-stream", daemon=True)
         self.thread.start()
 
@@ -206,8 +225,8 @@ class _Stream:
         finally:
             self._wind_up()
 
-    def _reply(self, off: int, n: int) -> "Callable":
-        def done(t: int, data: bytes, err: "Optional[BaseException]") -> None:
+    def _reply(self, off: int, n: int) -> Callable:
+        def done(t: int, data: bytes, err: Optional[BaseException]) -> None:
             failure = None
             got = 0
             if err is not None:
@@ -289,7 +308,7 @@ class _Stream:
         if fd >= 0:
             os.close(fd)
 
-    def wait(self, size: int, offset: int) -> "Tuple[int, int]":
+    def wait(self, size: int, offset: int) -> Tuple[int, int]:
         """Wait until [offset, offset+size) (cut at EOF) is in the replica file;
         returns (fd, bytes available there)."""
         with self.cond:
@@ -330,7 +349,7 @@ class StreamReadHandle(ReadHandle):
     def read(self, size: int, offset: int) -> bytes:
         return self.stream.read(size, offset)
 
-    def fd_for(self, size: int, offset: int) -> "Tuple[int, int]":
+    def fd_for(self, size: int, offset: int) -> Tuple[int, int]:
         return self.stream.wait(size, offset)
 
     def close(self) -> None:
@@ -356,7 +375,7 @@ class DirectReadHandle(ReadHandle):
             pass
 
 
-def read_range(session: "SftpSession", handle: bytes, size: int, offset: int) -> bytes:
+def read_range(session: SftpSession, handle: bytes, size: int, offset: int) -> bytes:
     """Read `size` bytes at `offset` from an open remote file, in server-sized
     requests; short at end of file."""
     out = []

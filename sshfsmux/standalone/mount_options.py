@@ -96,18 +96,18 @@ class MountError(Exception):
 
 class Options:
     def __init__(self) -> None:
-        self.branches: "List[str]" = []
+        self.branches: List[str] = []
         self.mountpoint = ""
-        self.port: "Optional[int]" = None
-        self.identity_file: "Optional[str]" = None
+        self.port: Optional[int] = None
+        self.identity_file: Optional[str] = None
         self.reconnect = False
         self.server_alive = 0
         self.timeout = DEFAULT_TIMEOUT
         self.ro = False
         self.allow_other = False
         self.default_permissions = False
-        self.cache_dir: "Optional[str]" = None
-        self.cache_size: "Optional[int]" = None
+        self.cache_dir: Optional[str] = None
+        self.cache_size: Optional[int] = None
         self.transport = "ssh"
         self.foreground = False
         self.debug = False
@@ -178,9 +178,9 @@ def _apply(o: Options, opt: str) -> None:
         raise UsageError("unknown option '%s'" % opt)
 
 
-def parse(argv: "List[str]") -> Options:
+def parse(argv: List[str]) -> Options:
     o = Options()
-    pos: "List[str]" = []
+    pos: List[str] = []
     i = 0
     only_args = False
     while i < len(argv):

@@ -20,9 +20,18 @@ import tempfile
 import threading
 
 from sshfsmux.fs import mount_nesting
-from sshfsmux.standalone.mount_options import (USAGE, VERSION, MountError, Options, UsageError,
-                                               check_allow_other, check_mountpoint, host_of, is_remote,
-                                               parse)
+from sshfsmux.standalone.mount_options import (
+    USAGE,
+    VERSION,
+    MountError,
+    Options,
+    UsageError,
+    check_allow_other,
+    check_mountpoint,
+    host_of,
+    is_remote,
+    parse,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,12 +45,12 @@ CHAIN_NAME = ".sshfsmux-chain"
 # the chain of cascaded mounts (loop detection: see mount_nesting)
 # --------------------------------------------------------------------------
 
-def local_chain(path: str) -> "List[str]":
+def local_chain(path: str) -> List[str]:
     """The chain of the mount of ours that `path` is in (empty if none)."""
     return mount_nesting.local_lists(path)[0]
 
 
-def remote_lists(branch: "object") -> "Tuple[List[str], List[str]]":
+def remote_lists(branch: object) -> Tuple[List[str], List[str]]:
     """(chain, branch places) of the remote mount of ours a remote branch is in."""
     root = branch.root  # type: ignore[attr-defined]
     mounts = mount_nesting.our_mounts((branch.read_small(b"/proc/self/mounts") or b"").decode(  # type: ignore
@@ -57,7 +66,7 @@ def remote_lists(branch: "object") -> "Tuple[List[str], List[str]]":
     return [], []
 
 
-def remote_chain(branch: "object") -> "List[str]":
+def remote_chain(branch: object) -> List[str]:
     """The chain of the remote mount of ours a remote branch is in (if any)."""
     return remote_lists(branch)[0]
 
@@ -79,8 +88,8 @@ class Prepared:
         self.mountpoint = ""
         self.me = ""
         self.local: dict = {}  # spec -> real path
-        self.chain: "List[str]" = []
-        self.places: "List[str]" = []  # host:path of every branch, at any depth
+        self.chain: List[str] = []
+        self.places: List[str] = []  # host:path of every branch, at any depth
 
 
 def prepare(o: Options) -> Prepared:
@@ -161,7 +170,7 @@ class _StderrCapture:
         os.dup2(self.file.fileno(), 2)
         self.active = True
 
-    def stop(self, to: "Optional[int]" = None) -> None:
+    def stop(self, to: Optional[int] = None) -> None:
         if not self.active:
             return
         self.active = False
@@ -179,7 +188,7 @@ class _StderrCapture:
         return lines[-1] if lines else ""
 
 
-def _connect_remotes(o: Options, specs: "List[str]", cache: "object") -> "List[object]":
+def _connect_remotes(o: Options, specs: List[str], cache: object) -> List[object]:
     from sshfsmux.sftp.branch import ConnectError, SftpBranch
     results: dict = {}
 
@@ -215,8 +224,8 @@ def _connect_remotes(o: Options, specs: "List[str]", cache: "object") -> "List[o
     return out
 
 
-def _remote_places(p: Prepared, remote_specs: "List[str]",
-                   remotes: "Dict[str, Any]") -> "Tuple[List[str], List[str]]":
+def _remote_places(p: Prepared, remote_specs: List[str],
+                   remotes: Dict[str, Any]) -> Tuple[List[str], List[str]]:
     """The mount chain and branch places with each remote branch's own added;
     MountError for a remote that is this mount or would contain it."""
     chain = list(p.chain)
@@ -247,18 +256,18 @@ def _remote_places(p: Prepared, remote_specs: "List[str]",
     return chain, places
 
 
-def run(o: Options, p: Prepared, ready: "Callable[[], None]",
-        fail: "Callable[[str], None]", log: "Callable[[str], None]",
-        capture_to: "Optional[int]" = None) -> int:
+def run(o: Options, p: Prepared, ready: Callable[[], None],
+        fail: Callable[[str], None], log: Callable[[str], None],
+        capture_to: Optional[int] = None) -> int:
     """Connect, mount and serve until unmounted. Returns the exit status."""
     os.umask(0)  # the kernel already applied the caller's umask to every mode
     from sshfsmux.branches.local_branch import LocalBranch
+    from sshfsmux.branches.replica_cache import ReplicaCache
     from sshfsmux.fs.fuse_glue import ATTR_SECONDS
     from sshfsmux.fs.merged_fs import MergedFS, run_fuse
-    from sshfsmux.branches.replica_cache import ReplicaCache
 
     cache = None
-    branches: "List[object]" = []
+    branches: List[object] = []
     remotes: dict = {}
     capture = None
     try:
@@ -323,7 +332,7 @@ def run(o: Options, p: Prepared, ready: "Callable[[], None]",
             cache.close()
 
 
-def _fsname(specs: "List[str]") -> str:
+def _fsname(specs: List[str]) -> str:
     return "+".join(specs).replace("\\", "\\\\").replace(",", "\\,")
 
 
@@ -424,7 +433,7 @@ def _background(o: Options, p: Prepared) -> int:
         os._exit(code)
 
 
-def main(argv: "Optional[List[str]]" = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     try:
         o = parse(args)

@@ -14,12 +14,12 @@ import time
 
 import pytest
 
+from gxpstyle.api.node_side import message
 from gxpstyle.bcast import direct_links as bcast_link
-from gxpstyle.transport import link_auth
 from gxpstyle.head import session
 from gxpstyle.protocol import wire
+from gxpstyle.transport import link_auth
 from gxpstyle.transport.event_loop import EventLoop
-from gxpstyle.api.node_side import message
 
 CERT = session.make_certificate()
 

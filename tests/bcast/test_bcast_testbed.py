@@ -12,10 +12,10 @@ import threading
 import time
 
 import pytest
-
 from conftest import module_bed
-from testbed import sha256_of
 from test_flow_backpressure import RssSampler
+
+from testbed import sha256_of
 
 pytestmark = pytest.mark.testbed
 
@@ -80,7 +80,7 @@ class PartialWatch:
                     self.bad.append((h, os.path.getsize(p)))
             time.sleep(0.005)
 
-    def __enter__(self) -> "PartialWatch":
+    def __enter__(self) -> PartialWatch:
         self._thread.start()
         return self
 

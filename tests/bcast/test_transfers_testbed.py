@@ -24,7 +24,6 @@ import time
 import uuid
 
 import pytest
-
 from conftest import Gxp, _finish, module_bed
 
 pytestmark = pytest.mark.testbed

@@ -14,13 +14,15 @@ import threading
 import time
 
 import pytest
-
-from gxpstyle.transport import link_auth
-from gxpstyle.protocol import serializer, wire
-from sshfsmux.branches import confined_paths
-from sshfsmux.direct import (branch as direct_branch, export_server, protocol as fs_protocol,
-                             transport as fs_transport)
 from test_link_auth import send_and_drain
+
+from gxpstyle.protocol import serializer, wire
+from gxpstyle.transport import link_auth
+from sshfsmux.branches import confined_paths
+from sshfsmux.direct import branch as direct_branch
+from sshfsmux.direct import export_server
+from sshfsmux.direct import protocol as fs_protocol
+from sshfsmux.direct import transport as fs_transport
 
 SECRET = os.urandom(32)
 KEY = fs_protocol.data_channel_key(SECRET)

@@ -10,7 +10,6 @@ import time
 import uuid
 
 import pytest
-
 from conftest import module_bed, venv_dir
 
 pytestmark = pytest.mark.testbed
@@ -203,6 +202,7 @@ def _service_port(g):
 def test_data_listener_survives_fuzz_and_session_dirs_are_private(bed, g):
     import random
     import threading
+
     from test_link_auth import send_and_drain
     g.ok("use", "ssh", "head", "tg*")
     g.ok("explore", "tg01", "tg02")

@@ -14,7 +14,6 @@ afterwards on any node sees (the head's namespace copies are current first).
 import time
 
 import pytest
-
 from conftest import module_bed
 
 pytestmark = pytest.mark.testbed

@@ -14,7 +14,6 @@ import time
 import uuid
 
 import pytest
-
 from conftest import module_bed
 from test_mount_timeouts import assert_eio
 

@@ -20,7 +20,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import venv_dir
 
 EXCEPTION_NAME = re.compile(r"\b[A-Z][A-Za-z]*(Error|Exception)\b|Traceback")

@@ -7,7 +7,6 @@ import re
 import subprocess
 
 import pytest
-
 from conftest import venv_dir
 
 # (arguments, what the one line must say)

@@ -70,7 +70,7 @@ def run_limited(gxp, args: list) -> subprocess.CompletedProcess:
     return subprocess.run(argv, env=dict(os.environ, **gxp.env()), **kw)
 
 
-def problem_of(r: subprocess.CompletedProcess, nodes: int, session_arg: bool) -> "str | None":
+def problem_of(r: subprocess.CompletedProcess, nodes: int, session_arg: bool) -> str | None:
     # 3: no session, or not yours (only when the test names another session)
     if r.returncode not in ((0, 1, 2, 3) if session_arg else (0, 1, 2)):
         return "exit %d" % r.returncode
@@ -84,7 +84,7 @@ def problem_of(r: subprocess.CompletedProcess, nodes: int, session_arg: bool) ->
     return None
 
 
-def _user_tmp(uid: "int | None") -> set:
+def _user_tmp(uid: int | None) -> set:
     out = set()
     for name in os.listdir("/tmp"):
         try:

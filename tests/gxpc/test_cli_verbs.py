@@ -5,7 +5,6 @@ import os
 import subprocess
 
 import pytest
-
 from conftest import venv_dir
 
 CORE = ["use", "explore", "stat", "e", "gexec", "smask", "rmask", "savemask", "cd", "export", "bcast",

@@ -12,9 +12,9 @@ import time
 import uuid
 
 import pytest
+from conftest import REPO, venv_dir
 
 import testbed
-from conftest import REPO, venv_dir
 
 pytestmark = pytest.mark.testbed
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from conftest import module_bed
 from test_flow_backpressure import letter_command, read_slowly
 

@@ -11,7 +11,6 @@ import subprocess
 import time
 
 import pytest
-
 from test_explore_local import shared_tmp  # noqa: F401  (fixture)
 
 SCRIPT = r"""

@@ -11,10 +11,10 @@ import sys
 import time
 
 import pytest
+from test_explore_local import fuse_for_users, shared_tmp  # noqa: F401  (fixtures)
 
 from gxpstyle.launch import bootstrap
 from gxpstyle.protocol import schema, serializer, wire
-from test_explore_local import fuse_for_users, shared_tmp  # noqa: F401  (fixtures)
 
 
 # -- schemas, without a session ---------------------------------------------------

@@ -1,6 +1,6 @@
 from gxpstyle.config import hostpattern
-from gxpstyle.head import spanning_tree
 from gxpstyle.config.use_rules import make_rule
+from gxpstyle.head import spanning_tree
 
 
 def head():

@@ -9,9 +9,8 @@ import subprocess
 import threading
 import time
 
-import pytest
-
 import batch_queue
+import pytest
 
 pytestmark = pytest.mark.slurm
 
@@ -106,6 +105,7 @@ def test_connect_back_listener_survives_hostile_peers(slurm, gxp):
     port = ports[0]
     rss0 = _rss_kib(daemon)
     from test_link_auth import send_and_drain
+
     from gxpstyle.transport import link_auth
     # A wrong key for the label of the child that already connected.
     s = socket.create_connection(("127.0.0.1", port), timeout=10)

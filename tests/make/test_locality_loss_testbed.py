@@ -14,8 +14,7 @@ import time
 import uuid
 
 import pytest
-
-from conftest import _finish, Gxp, module_bed
+from conftest import Gxp, _finish, module_bed
 
 pytestmark = pytest.mark.testbed
 

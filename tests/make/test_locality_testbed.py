@@ -15,7 +15,6 @@ import time
 import uuid
 
 import pytest
-
 from conftest import gmount_session, module_bed
 
 pytestmark = pytest.mark.testbed

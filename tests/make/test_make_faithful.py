@@ -12,7 +12,6 @@ import pwd
 import subprocess
 
 import pytest
-
 from test_make import _tree, workdir  # noqa: F401  (workdir: a fixture)
 
 SHELLS = {

@@ -9,7 +9,6 @@ import pwd
 import subprocess
 
 import pytest
-
 from test_make import _tree, workdir  # noqa: F401  (workdir: a fixture)
 
 # Names make itself can hold in a rule (no blank, `|`, `;`, `:` or newline: make

@@ -9,8 +9,8 @@ import subprocess
 import tempfile
 
 import pytest
-
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from make_backend.hook.relay import node_command, parse_env, parse_request
 

@@ -14,10 +14,10 @@ import tempfile
 import uuid
 
 import pytest
-
 from conftest import gmount_session, module_bed
 from test_make_faithful import FLAGS, NO_SHELL, POSIX, SHELLS, STDIN, VARIABLES
-from test_make_names import MAKEFILE as NAMES_MAKEFILE, NAMES
+from test_make_names import MAKEFILE as NAMES_MAKEFILE
+from test_make_names import NAMES
 
 pytestmark = pytest.mark.testbed
 

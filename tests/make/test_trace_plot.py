@@ -8,7 +8,6 @@ import os
 import subprocess
 
 import pytest
-
 from conftest import gxpc_path, venv_dir
 
 LINES = [

@@ -18,8 +18,8 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from test_sshfsm import (Env, _skip_reason, mounted, mounts,  # noqa: E402
-                         sshfsm_pids)
+from test_sshfsm import Env, _skip_reason, mounted, mounts, sshfsm_pids  # noqa: E402
+
 import testbed  # noqa: E402
 
 HOST = socket.gethostname()

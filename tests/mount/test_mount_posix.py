@@ -10,7 +10,6 @@ import stat
 import time
 
 import pytest
-
 from conftest import module_bed
 
 pytestmark = pytest.mark.testbed
@@ -208,6 +207,7 @@ def test_allow_other_gives_the_kernels_permission_rules():
     import shutil
     import subprocess
     import tempfile
+
     from conftest import venv_dir
     sshfsm = os.path.join(venv_dir(), "bin", "sshfsm")
     top = pathlib.Path(tempfile.mkdtemp(prefix="gxp-allow-other-", dir="/var/tmp"))

@@ -81,8 +81,8 @@ def test_a_persistent_store_keeps_complete_replicas_only(tmp_path):
 def test_both_kinds_of_branch_use_the_store():
     import sshfsmux.direct.files
     import sshfsmux.sftp.streaming
-    from sshfsmux.direct import branch as direct_branch
     from sshfsmux.branches import replica_cache
+    from sshfsmux.direct import branch as direct_branch
     assert direct_branch.ReplicaCache is replica_cache.ReplicaCache
     assert direct_branch.TMP_PREFIX == replica_cache.TMP_PREFIX
     # neither keeps replicas of its own any more

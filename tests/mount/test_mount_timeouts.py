@@ -17,8 +17,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from test_sshfsm import (FUSERMOUNT, mounted, sshfsm_bed,  # noqa: E402
-                         mounts, sshfsm_pids, wait_gone)
+from test_sshfsm import FUSERMOUNT, mounted, mounts, sshfsm_bed, sshfsm_pids, wait_gone  # noqa: E402
 
 BOUND = 3           # the mounts' -o timeout in these tests
 SLACK = 10          # generous: a loaded machine, the kernel's own FUSE round trips

@@ -113,6 +113,7 @@ def test_local_branch_is_confined(tmp_path):
 def test_merged_fs_in_process(tmp_path):
     """The merge rules on two local branches, without FUSE."""
     from mfusepy import FuseOSError
+
     from sshfsmux.branches.local_branch import LocalBranch
     from sshfsmux.fs.merged_fs import MergedFS
     a, b = tmp_path / "a", tmp_path / "b"

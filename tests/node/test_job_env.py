@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 
 from gxpstyle.api import services
-from gxpstyle.protocol import wire
 from gxpstyle.head.job_table import JobTable
-from gxpstyle.transport.event_loop import EventLoop
 from gxpstyle.node.job_runner import ENV_BASES, JobRunner
+from gxpstyle.protocol import wire
+from gxpstyle.transport.event_loop import EventLoop
 
 
 class _Head:

@@ -25,9 +25,9 @@ import uuid
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from gxpstyle.head import session as gxsession
 from gxpstyle.launch import bootstrap
 from gxpstyle.protocol import serializer, wire
-from gxpstyle.head import session as gxsession
 
 REQUESTS = 10000          # at least this many requests and messages to the daemon
 AGENT_MESSAGES = 10000    # and to the agent's pipe

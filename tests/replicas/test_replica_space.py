@@ -11,9 +11,9 @@ import os
 import pytest
 
 from gxpstyle.config import limits
+from sshfsmux.branches.replica_cache import ReplicaCache
 from sshfsmux.gmount import verbs as mount_cli
 from sshfsmux.standalone import mount_options
-from sshfsmux.branches.replica_cache import ReplicaCache
 
 MIB = 1 << 20
 

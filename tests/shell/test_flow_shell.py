@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from gxpstyle.shell import parallel_shell
-from gxpstyle.protocol import wire
 from gxpstyle.gxpc.client import Client
+from gxpstyle.protocol import wire
+from gxpstyle.shell import parallel_shell
 
 
 def _frames(*msgs) -> bytes:

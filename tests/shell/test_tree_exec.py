@@ -9,8 +9,9 @@ import os
 import signal
 import threading
 
-from gxpstyle.config import hostpattern
 from test_flow_lifetimes import mark, marked_sleeps, stat_pids, wait_for  # noqa: F401  (fixture)
+
+from gxpstyle.config import hostpattern
 
 
 def _tree(gxp) -> dict:

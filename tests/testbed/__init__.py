@@ -52,8 +52,7 @@ from .fuse_access import close_fuse_to_users, fuse_open_to_users, open_fuse_to_u
 from .hosts import Host, User
 from .removal import _remove_dir
 from .sweep import list_beds, sweep
-from .system import (BASE_DIR, CGROUP_CPU, DIR_PREFIX, TestBedError, requirements_missing,
-                     sha256_of)
+from .system import BASE_DIR, CGROUP_CPU, DIR_PREFIX, TestBedError, requirements_missing, sha256_of
 
 # The modules, by concern: system (constants, commands, processes, the global
 # lock), registry (teardown at exit), hosts (Host, User), sshd_hosts and

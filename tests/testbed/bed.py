@@ -14,14 +14,32 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
-from .system import (BASE_DIR, BRIDGE_PREFIX, CGROUP_CPU, DIR_PREFIX, KILL_TIMEOUT, MAX_WORKERS,
-                     NET_PREFIX, SSHD, TestBedError, _NAME_RE, _global_lock, _global_unlock,
-                     _kill_all, _mkdir, _netns_id, _proc_start, _run, _write, requirements_missing)
-from .registry import _LIVE, _LIVE_LOCK, _install_hooks
+from .bed_users import BedUsers
 from .hosts import Host, User
+from .registry import _LIVE, _LIVE_LOCK, _install_hooks
 from .removal import _delete_net, _remove_cgroups, _remove_dir, _remove_user
 from .sshd_hosts import SshdHosts
-from .bed_users import BedUsers
+from .system import (
+    _NAME_RE,
+    BASE_DIR,
+    BRIDGE_PREFIX,
+    CGROUP_CPU,
+    DIR_PREFIX,
+    KILL_TIMEOUT,
+    MAX_WORKERS,
+    NET_PREFIX,
+    SSHD,
+    TestBedError,
+    _global_lock,
+    _global_unlock,
+    _kill_all,
+    _mkdir,
+    _netns_id,
+    _proc_start,
+    _run,
+    _write,
+    requirements_missing,
+)
 
 
 class TestBed(SshdHosts, BedUsers):
@@ -55,7 +73,7 @@ class TestBed(SshdHosts, BedUsers):
         self._users_made: list[str] = []
 
     # -- context manager ----------------------------------------------
-    def __enter__(self) -> "TestBed":
+    def __enter__(self) -> TestBed:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -106,7 +124,7 @@ class TestBed(SshdHosts, BedUsers):
                        json.dumps(self._state(), indent=1), 0o644)
 
     @classmethod
-    def attach(cls, path: str) -> "TestBed":
+    def attach(cls, path: str) -> TestBed:
         """A TestBed object for an existing bed directory (e.g. made by
         `scripts/testbed up`), able to inspect it and tear it down."""
         with open(os.path.join(path, "state.json")) as f:

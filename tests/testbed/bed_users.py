@@ -9,9 +9,9 @@ import re
 import subprocess
 import time
 
-from .system import TestBedError, USER_MARK, _argv, _clean_env, _mkdir, _run, _setpriv, _write
 from .hosts import User
 from .removal import _remove_user
+from .system import USER_MARK, TestBedError, _argv, _clean_env, _mkdir, _run, _setpriv, _write
 
 
 class BedUsers:

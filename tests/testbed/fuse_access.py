@@ -9,7 +9,6 @@ import shutil
 
 from .system import BASE_DIR, _global_lock, _global_unlock
 
-
 FUSE_DEVICE = "/dev/fuse"
 
 

@@ -6,10 +6,24 @@ import os
 import pwd
 import subprocess
 
-from .system import (CGROUP_CPU, KILL_TIMEOUT, NS_PREFIX, TestBedError, VETH_PREFIX, _argv,
-                     _clean_env, _kill_all, _netns_id, _ns_link, _pids_in, _proc_start, _run,
-                     _setpriv)
 from .removal import _in_cgroup
+from .system import (
+    CGROUP_CPU,
+    KILL_TIMEOUT,
+    NS_PREFIX,
+    VETH_PREFIX,
+    TestBedError,
+    _argv,
+    _clean_env,
+    _kill_all,
+    _netns_id,
+    _ns_link,
+    _pids_in,
+    _proc_start,
+    _run,
+    _setpriv,
+)
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:   # a bed holds its hosts; only annotations name it here
     from .bed import TestBed
@@ -46,7 +60,7 @@ class Host:
 
     __test__ = False
 
-    def __init__(self, bed: "TestBed", name: str, ip: str, index: int):
+    def __init__(self, bed: TestBed, name: str, ip: str, index: int):
         self.bed = bed
         self.name = name
         self.ip = ip
@@ -81,7 +95,7 @@ class Host:
                 "killed": self.killed}
 
     @classmethod
-    def _from_state(cls, bed, name, d) -> "Host":
+    def _from_state(cls, bed, name, d) -> Host:
         h = cls(bed, name, d["ip"], d["index"])
         h.ns, h.veth = d["ns"], d["veth"]
         h.down, h.no_python = d.get("down", False), d.get("no_python", False)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:   # a bed holds its hosts; only annotations name it here
     from .bed import TestBed
 
 
-_LIVE: set["TestBed"] = set()
+_LIVE: set[TestBed] = set()
 
 
 _LIVE_LOCK = threading.Lock()

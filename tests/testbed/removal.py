@@ -11,7 +11,7 @@ import signal
 import time
 from typing import Iterable
 
-from .system import DIR_PREFIX, KILL_TIMEOUT, TestBedError, USER_MARK, _run
+from .system import DIR_PREFIX, KILL_TIMEOUT, USER_MARK, TestBedError, _run
 
 
 def _user_pids(uid: int) -> list[int]:

@@ -10,10 +10,21 @@ import shlex
 import subprocess
 import time
 
-from .system import (CFS_PERIOD_US, ROOT_PATH, SFTP_SERVER, SSHD, START_TIMEOUT, TestBedError,
-                     USER_PATH, _mkdir, _netns_id, _run, _write)
 from .hosts import Host
 from .removal import _in_cgroup
+from .system import (
+    CFS_PERIOD_US,
+    ROOT_PATH,
+    SFTP_SERVER,
+    SSHD,
+    START_TIMEOUT,
+    USER_PATH,
+    TestBedError,
+    _mkdir,
+    _netns_id,
+    _run,
+    _write,
+)
 
 
 class SshdHosts:

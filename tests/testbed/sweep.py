@@ -7,11 +7,24 @@ import os
 import pwd
 import time
 
-from .system import (BASE_DIR, CGROUP_CPU, DIR_PREFIX, TestBedError, USER_MARK, _BR_RE, _DIR_RE,
-                     _NS_RE, _TAG_RE, _VETH_RE, _kill_all, _netns_id, _run)
-from .removal import _remove_cgroups, _remove_dir, _remove_user
-from .bed import TestBed
 from . import fuse_access
+from .bed import TestBed
+from .removal import _remove_cgroups, _remove_dir, _remove_user
+from .system import (
+    _BR_RE,
+    _DIR_RE,
+    _NS_RE,
+    _TAG_RE,
+    _VETH_RE,
+    BASE_DIR,
+    CGROUP_CPU,
+    DIR_PREFIX,
+    USER_MARK,
+    TestBedError,
+    _kill_all,
+    _netns_id,
+    _run,
+)
 
 
 def list_beds(base: str = BASE_DIR) -> list[dict]:

@@ -16,7 +16,6 @@ import threading
 import time
 from typing import Iterable
 
-
 BASE_DIR = "/var/tmp"
 
 

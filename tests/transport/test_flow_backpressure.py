@@ -45,7 +45,7 @@ class RssSampler:
                 self.peak[name] = max(self.peak[name], rss(pid))
             time.sleep(0.05)
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         self._thread.start()
         return self
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import socket
 
 from gxpstyle.launch import bootstrap
-from gxpstyle.transport import links
-from gxpstyle.protocol import wire
 from gxpstyle.node.agent import Node
+from gxpstyle.protocol import wire
+from gxpstyle.transport import links
 from gxpstyle.transport.event_loop import EventLoop
 from gxpstyle.transport.links import Link
 

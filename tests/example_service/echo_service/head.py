@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, Set
 
+from gxpstyle.api.services import Message, Service, Verb
 from gxpstyle.protocol import wire
 from gxpstyle.protocol.schema import Bool, Int, Rec, Str
-from gxpstyle.api.services import Message, Service, Verb
 
 if TYPE_CHECKING:
     from gxpstyle.api.head_api import HeadAPI
@@ -42,7 +42,7 @@ class EchoService(Service):
     node_side = "echo_service.node:EchoSide"
     node_modules = ["echo_service.node"]     # pushed to a node before it hosts the side
 
-    def __init__(self, head: "HeadAPI") -> None:
+    def __init__(self, head: HeadAPI) -> None:
         super().__init__(head)
         self.echoes: Dict[int, Echo] = {}
         self.seq = 0

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import queue
 
-from gxpstyle.protocol import wire
 from gxpstyle.api.node_side import Message, NodeSide
+from gxpstyle.protocol import wire
 from gxpstyle.protocol.schema import Bool, Int, Rec, Str
 
 TYPE_CHECKING = False
@@ -24,16 +24,16 @@ PING = Rec({"seq": Int(1, 1 << 62), "text": Str(1000)}, {"bad_reply": Bool(), "m
 
 
 class EchoSide(NodeSide):
-    def start(self, host: "NodeHost") -> None:
+    def start(self, host: NodeHost) -> None:
         super().start(host)
-        self.work: "queue.Queue[Any]" = queue.Queue()
+        self.work: queue.Queue[Any] = queue.Queue()
         self.marker_dir = ""
         self.spawn(self.worker)
 
-    def messages(self) -> "Dict[str, Message]":
+    def messages(self) -> Dict[str, Message]:
         return {"ping": Message(PING, self.on_ping)}
 
-    def on_ping(self, src: str, body: "Dict[str, Any]") -> None:
+    def on_ping(self, src: str, body: Dict[str, Any]) -> None:
         self.marker_dir = body.get("marker_dir") or self.marker_dir
         self.work.put(body)
 
@@ -52,7 +52,7 @@ class EchoSide(NodeSide):
             with open(os.path.join(self.marker_dir, "stopped-" + host.id), "w") as f:
                 f.write("stopped\n")
 
-    def answer(self, pong: "Dict[str, Any]") -> None:
+    def answer(self, pong: Dict[str, Any]) -> None:
         host = self.host
         assert host is not None
         # sending is the node loop's: from this thread, hand it over
