@@ -49,15 +49,9 @@ import time
 from sshfsmux.branches.branch import Branch, ReadHandle, WriteHandle
 from sshfsmux.fs.access_memo import AccessMemo
 from sshfsmux.fs.access_memo import groups_of as _groups_of
-from sshfsmux.fs.fuse_glue import (  # noqa: F401
-    ATTR_SECONDS,
-    FuseOSError,
-    Operations,
-    _e,
-    fuse_get_context,
-    hand_over,
-    run_fuse,
-)
+
+# run_fuse is this module's too (see above)
+from sshfsmux.fs.fuse_glue import ATTR_SECONDS, Operations, _e, fuse_get_context, hand_over, run_fuse  # noqa: F401
 from sshfsmux.fs.fuse_glue import safe as _safe
 from sshfsmux.fs.link_names import LinkNames
 from sshfsmux.fs.merged_changes import NameChanges

@@ -43,6 +43,7 @@ from paramiko.sftp_attr import SFTPAttributes
 
 from sshfsmux.branches.branch import Branch, ReadHandle, WriteHandle
 from sshfsmux.branches.local_branch import LocalReadHandle
+from sshfsmux.sftp.attr_cache import AttrCache
 from sshfsmux.sftp.session import (
     DEFAULT_TIMEOUT,
     FX_EOF,
@@ -100,9 +101,8 @@ class SftpBranch(Branch):
         self._sess: Optional[SftpSession] = None
         self._transport: Optional[paramiko.Transport] = None
         self._reconnected = 0
-        self._attr: Dict[bytes, Tuple[float, Any]] = {}
-        self._dirs: Dict[bytes, Tuple[float, List[str]]] = {}
-        self._cache_lock = threading.Lock()
+        self._seen = AttrCache(ATTR_TTL)
+        self._cache_lock = threading.Lock()     # the writers' books
         self._writers: Dict[bytes, set] = {}
         self._streams: Dict[Tuple[str, int, int], _Stream] = {}
         self._streams_lock = threading.Lock()
@@ -182,7 +182,7 @@ class SftpBranch(Branch):
                 self._retry_at = time.monotonic() + RETRY_SECONDS
                 raise ConnectionLost("reconnect to %s failed: %s" % (self.host, e))
             self._reconnected += 1
-            self._clear_caches()
+            self._seen.clear()
             return sess
 
     def _call_on(self, sess: SftpSession, t: int, *args: Any) -> Tuple[int, bytes]:
@@ -238,34 +238,8 @@ class SftpBranch(Branch):
                 "st_uid": uid if uid is not None else self.local_uid,
                 "st_gid": gid if gid is not None else self.local_gid}
 
-    def _clear_caches(self) -> None:
-        with self._cache_lock:
-            self._attr.clear()
-            self._dirs.clear()
-
     def _invalidate(self, full: bytes, tree: bool = False) -> None:
-        parent = full.rsplit(b"/", 1)[0] or b"/"
-        with self._cache_lock:
-            self._attr.pop(full, None)
-            self._dirs.pop(full, None)
-            self._dirs.pop(parent, None)
-            if tree:
-                pre = full.rstrip(b"/") + b"/"
-                for k in [k for k in self._attr if k.startswith(pre)]:
-                    del self._attr[k]
-                for k in [k for k in self._dirs if k.startswith(pre)]:
-                    del self._dirs[k]
-
-    def _cached(self, full: bytes) -> Any:
-        with self._cache_lock:
-            c = self._attr.get(full)
-        if c is None or c[0] < time.monotonic():
-            return None
-        return c[1]
-
-    def _remember(self, full: bytes, value: Any) -> None:
-        with self._cache_lock:
-            self._attr[full] = (time.monotonic() + ATTR_TTL, value)
+        self._seen.invalidate(full, tree)
 
     def _drop_replicas(self, path: str, tree: bool = False) -> None:
         if self.cache is None:
@@ -283,7 +257,7 @@ class SftpBranch(Branch):
             for w in list(writers):
                 w.wait()      # sizes are never behind the writes sent
         else:
-            c = self._cached(full)
+            c = self._seen.attrs(full)
             if c is not None:
                 if isinstance(c, int):
                     raise _err(c, path)
@@ -295,7 +269,7 @@ class SftpBranch(Branch):
                     anc = anc.rsplit(b"/", 1)[0]
                     if len(anc) < len(self.root) or not anc:
                         break
-                    ca = self._cached(anc)
+                    ca = self._seen.attrs(anc)
                     if ca is None:
                         continue
                     if isinstance(ca, int) or not stat.S_ISDIR(ca["st_mode"]):
@@ -308,18 +282,17 @@ class SftpBranch(Branch):
             t, data = self._call(CMD_LSTAT, full)
         except StatusError as e:
             if e.errno == errno.ENOENT:
-                self._remember(full, errno.ENOENT)
+                self._seen.remember(full, errno.ENOENT)
             raise _err(e.errno, path)
         d = self._attrs(SFTPAttributes._from_msg(Message(data)))
-        self._remember(full, d)
+        self._seen.remember(full, d)
         return d
 
     def readdir(self, path: str) -> List[str]:
         full = self._full(path)
-        with self._cache_lock:
-            c = self._dirs.get(full)
-        if c is not None and c[0] >= time.monotonic():
-            return list(c[1])
+        known = self._seen.names(full)
+        if known is not None:
+            return known
         sess = self._session()
         t, data = sess.request(CMD_OPENDIR, full)
         h = _handle_of(data)
@@ -344,15 +317,13 @@ class SftpBranch(Branch):
                     if fn in (b".", b".."):
                         continue
                     names.append(_dec(fn))
-                    with self._cache_lock:
-                        self._attr[base + fn] = (now + ATTR_TTL, self._attrs(a))
+                    self._seen.remember(base + fn, self._attrs(a), now)
         finally:
             try:
                 sess.request(CMD_CLOSE, h)
             except OSError:
                 pass
-        with self._cache_lock:
-            self._dirs[full] = (now + ATTR_TTL, names)
+        self._seen.remember_names(full, names, now)
         return list(names)
 
     def readlink(self, path: str) -> str:
