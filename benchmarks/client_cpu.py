@@ -32,8 +32,10 @@ import os
 import sys
 import uuid
 
-import testbed  # noqa: E402  (bench_harness put tests/ on the path)
 from bench_harness import GXPC, Bench, BenchError, log, main_driver, ratio_text, value_text
+
+# isort: split
+import testbed  # noqa: E402  (bench_harness put tests/ on the path)
 
 GOAL_RATIO = 2.0
 

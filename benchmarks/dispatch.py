@@ -53,8 +53,10 @@ import shutil
 import sys
 import uuid
 
-import testbed  # noqa: E402  (bench_harness put tests/ on the path)
 from bench_harness import GXPC, Bench, BenchError, ensure_anchor, log, main_driver, ratio_text, user_pids
+
+# isort: split
+import testbed  # noqa: E402  (bench_harness put tests/ on the path)
 
 JOBS = 32
 CASES = ("make", "gxpc make", "parallel", "mount make", "hosts gmount", "hosts shared", "parallel ssh")

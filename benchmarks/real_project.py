@@ -64,8 +64,10 @@ import uuid
 
 from bindfs_anchor import BindfsMount
 
-import testbed  # noqa: E402  (bench_harness put tests/ on the path)
 from bench_harness import GXPC, Bench, BenchError, ensure_anchor, log, main_driver, ratio_text
+
+# isort: split
+import testbed  # noqa: E402  (bench_harness put tests/ on the path)
 
 STEPS = ("unpack", "configure", "build", "check")
 CASES = ("local", "bindfs", "gmount")
