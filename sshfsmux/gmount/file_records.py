@@ -1,7 +1,7 @@
 """The file descriptions a GMount node sends the head, as named records.
 
 On the wire each is a list (export_scan.scan_page, export_scan.describe,
-gmount_node.copies_of build them); the head reads them only through these,
+change_report.copies_of and export_state build them); the head reads them only through these,
 and drops an entry that is not of the shape it should be (a node of another
 version, a bad peer) instead of failing the whole answer.
 
@@ -9,7 +9,8 @@ Head side.
 """
 from __future__ import annotations
 
-from typing import Any, List, NamedTuple, Optional
+import os
+from typing import Any, Dict, List, NamedTuple, Optional
 
 
 class ScannedFile(NamedTuple):
@@ -81,3 +82,27 @@ def parse(record: Any, items: Any) -> List[Any]:
 
 def _fields(item: Any, count: int) -> Optional[List[Any]]:
     return item if isinstance(item, list) and len(item) == count else None
+
+
+def export_changes(catalog: Any, mountpoint: str, nid: str, result: Dict[str, Any]) -> List[str]:
+    """Names changed in node `nid`'s export behind its mount (a peer's change
+    made there included), from a `changes` answer's "here" ([rel, size, mtime,
+    mode], a ScannedFile) and "not_here" (rel): that node holds them or not, and the other
+    holders stay (its merged view may not know of them yet). Returns the names
+    whose catalog entry changed. Malformed items are skipped."""
+    changed = []
+    for f in parse(ScannedFile, result.get("here")):
+        path = os.path.join(mountpoint, f.rel)
+        before = catalog.entry(path)
+        catalog.add(path, nid, f.size, f.mtime, None, f.mode)
+        if catalog.entry(path) != before:
+            changed.append(f.rel)
+    for rel in result.get("not_here") or []:
+        if not isinstance(rel, str):
+            continue
+        path = os.path.join(mountpoint, rel)
+        before = catalog.entry(path)
+        catalog.remove(path, nid)
+        if catalog.entry(path) != before:
+            changed.append(rel)
+    return changed

@@ -24,6 +24,7 @@ from gxpstyle.api.node_side import NodeSide
 # The host's addresses and the pick of a peer's: the core's (its transfers' direct links use them too).
 from gxpstyle.transport.link_auth import local_addresses, pick_address
 from sshfsmux.fs.namespace_copy import NamespaceCopy
+from sshfsmux.gmount.change_report import copies_of, export_state
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ NODE_MODULES = [
     "sshfsmux.fs.link_names", "sshfsmux.fs.merged_changes", "sshfsmux.fs.merged_xattrs",
     "sshfsmux.fs.namespace_copy", "sshfsmux.fs.merged_namespace", "sshfsmux.fs.merged_fs",
     "sshfsmux.direct.export_server", "sshfsmux.gmount.export_scan", "sshfsmux.fs.kernel_cache",
-    "sshfsmux.gmount.export_watch",
+    "sshfsmux.gmount.export_watch", "sshfsmux.gmount.change_report",
     "sshfsmux.gmount.node", "mfusepy",
 ]
 
@@ -94,47 +95,6 @@ def unmount(mountpoint: str) -> str:
         if r.returncode != 0 and is_mounted(mountpoint):
             return r.stderr.decode("utf-8", "replace").strip() or "fusermount failed"
     return ""
-
-
-def holders_of(fs: Any, rel: str) -> List[List[Any]]:
-    """[rel, size, mtime, node, mode] of every holder of `rel` that the
-    catalog should name (fs has a namespace copy): of a regular file, the
-    copies of the visible version; of anything else, every node holding it."""
-    import stat
-    found = fs.fresh_holders("/" + rel)
-    first = found[0]
-    if stat.S_ISREG(first[3]):
-        found = [h for h in found if h[1] == first[1] and int(h[2]) == int(first[2])]
-    return [[rel, size, mtime, node, mode] for node, size, mtime, mode in found]
-
-
-def copies_of(fs: Any, rels: List[str]) -> Tuple[List[List[Any]], List[str]]:
-    """What the merged view says of changed names: ([rel, size, mtime, node]
-    for every complete copy, the very list the location xattr names
-    (Xattrs.copies), [rel with no file: gone from every branch, or not a
-    regular file]). A write through this mount goes to the branches holding
-    the file, so "not in this export" is not "gone". A name some branch
-    cannot answer for (a peer that errs) is in neither list: the catalog
-    keeps what it knew."""
-    import errno
-    copies: List[List[Any]] = []
-    gone: List[str] = []
-    for rel in rels:
-        try:
-            if fs is None:
-                raise OSError(errno.ENOENT, "not mounted")
-            if fs.namespace is not None:
-                copies.extend(holders_of(fs, rel))
-                continue
-            found = fs.file_copies("/" + rel)
-        except OSError as e:
-            if e.errno in (errno.ENOENT, errno.ENOTDIR):
-                gone.append(rel)
-            continue
-        if not found:
-            gone.append(rel)
-        copies.extend([rel, size, mtime, node] for node, size, mtime in found)
-    return copies, gone
 
 
 class MountSettings:
@@ -189,6 +149,10 @@ class ChangesWaiting:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.paths: Set[str] = set()
+        # changed in this node's export behind the mount (inotify): reported
+        # as this export's state alone, never as the merged view's, which
+        # may not have heard yet of the change a peer made here
+        self.local: Set[str] = set()
         self.reply: Optional[Reply] = None
         self.armed = False
 
@@ -306,7 +270,7 @@ class GMountNode(NodeSide):
         """Changes made straight into the export go into the change feed too."""
         from sshfsmux.gmount.export_watch import ExportWatch
         try:
-            self.watch = ExportWatch(self.cfg.export, self._on_change, self.log)
+            self.watch = ExportWatch(self.cfg.export, self._on_export_change, self.log)
         except OSError as e:
             self.log("changes made straight into %s show only through the mount: %s"
                      % (self.cfg.export, e.strerror or e))
@@ -507,10 +471,17 @@ class GMountNode(NodeSide):
                 w.paths.add(path)
         self.node.loop.call_soon_threadsafe(self._arm)
 
+    def _on_export_change(self, path: str) -> None:      # the watch's thread
+        w = self.changes_waiting
+        with w.lock:
+            if len(w.local) < MAX_PENDING:
+                w.local.add(path)
+        self.node.loop.call_soon_threadsafe(self._arm)
+
     def _arm(self) -> None:
         w = self.changes_waiting
         with w.lock:
-            if w.armed or w.reply is None or not w.paths:
+            if w.armed or w.reply is None or not (w.paths or w.local):
                 return
             w.armed = True
         self.node.loop.call_later(COALESCE, self._flush_changes)
@@ -519,15 +490,19 @@ class GMountNode(NodeSide):
         w = self.changes_waiting
         with w.lock:
             w.armed = False
-            reply, paths = w.reply, w.paths
-            if reply is None or not paths:
+            reply, paths, local = w.reply, w.paths, w.local - w.paths
+            if reply is None or not (paths or local):
                 return
-            w.reply, w.paths = None, set()
+            w.reply, w.paths, w.local = None, set(), set()
         every = sorted(p.lstrip("/") for p in paths)
         rels = every[:CHANGES_PAGE]
         if len(every) > CHANGES_PAGE:     # the rest go with the next answer
             with w.lock:
                 w.paths.update("/" + r for r in every[CHANGES_PAGE:])
+        own = sorted(p.lstrip("/") for p in local)[:max(0, CHANGES_PAGE - len(rels))]
+        if len(own) < len(local):
+            with w.lock:
+                w.local.update(p for p in local if p.lstrip("/") not in set(own))
 
         def work() -> None:
             # a name in a directory this mount holds no copy of waits for
@@ -539,7 +514,9 @@ class GMountNode(NodeSide):
                 with w.lock:
                     w.paths.update("/" + r for r in later)
             copies, gone = copies_of(self.fs, [r for r in rels if r not in later])
-            self.in_loop(reply, True, "", {"copies": copies, "gone": gone})
+            here, not_here = export_state(self.cfg.export, own)
+            self.in_loop(reply, True, "", {"copies": copies, "gone": gone,
+                                           "here": here, "not_here": not_here})
         # the merged view may ask the holders: not on the node's loop
         self.in_thread(work)
 

@@ -266,6 +266,7 @@ class GMountService(Service):
                 self.catalog.set_replicas(path, where)
                 if self.catalog.entry(path) != before:
                     changed.append(rel)
+            changed += file_records.export_changes(self.catalog, m.mountpoint, nid, result)
             self.feed.touched(m.mountpoint, changed)
             gone = [str(rel) for rel in result.get("gone") or []]
             if gone:

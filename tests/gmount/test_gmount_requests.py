@@ -151,3 +151,32 @@ def test_a_missing_name_reaches_fuse_once_per_negative_timeout(bed, g):
         assert found == 0 and lookups <= seconds / ATTR_SECONDS + 3, (lookups, seconds)
     finally:
         g.ok("umount")
+
+
+def test_a_rename_over_a_name_another_node_holds_shows_on_every_node(bed, g):
+    """automake's `mv -f x.Tpo x.Po` in a recipe on one node, over a .Po that
+    configure wrote on the head (ten times: the head's export watch sees its
+    .Po go while the change feed of tn03 brings the new one): every node then
+    sees every new file, and the directory can be removed."""
+    mnt = mounted(g)
+    deps = mnt + "/d/.deps"
+    names = ["x%d" % i for i in range(10)]
+    try:
+        g.ok("e", "--hosts", "head", "mkdir -p %s && for n in %s; do echo old > %s/$n.Po; done"
+             % (deps, " ".join(names), deps))
+        on(g, "tn03", "ls %s >/dev/null" % deps)      # tn03 holds a copy of the listing
+        on(g, "tn03", "cd %s && for n in %s; do echo new > $n.Tpo && mv -f $n.Tpo $n.Po; done"
+           % (deps, " ".join(names)))
+        want = " ".join(["new"] * len(names) + sorted(n + ".Po" for n in names))
+        check = "echo \"$GXP_HOSTNAME $(cd %s && cat %s | xargs) $(ls -A %s | xargs)\"" % (
+            deps, " ".join(n + ".Po" for n in names), deps)
+        deadline = time.monotonic() + 5      # the README's bound is 100 ms on a LAN
+        while True:
+            r = g.run("e", check)
+            seen = sorted(" ".join(line.split()[1:]) for line in r.stdout.splitlines() if line.strip())
+            if seen == [want] * (len(HOSTS) + 1) or time.monotonic() > deadline:
+                break
+        assert seen == [want] * (len(HOSTS) + 1), r.stdout + r.stderr
+        g.ok("e", "--hosts", "head", "rm -rf %s/d" % mnt)
+    finally:
+        g.ok("umount")
