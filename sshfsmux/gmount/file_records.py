@@ -10,7 +10,7 @@ Head side.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
 
 
 class ScannedFile(NamedTuple):
@@ -84,25 +84,56 @@ def _fields(item: Any, count: int) -> Optional[List[Any]]:
     return item if isinstance(item, list) and len(item) == count else None
 
 
-def export_changes(catalog: Any, mountpoint: str, nid: str, result: Dict[str, Any]) -> List[str]:
+def export_changes(catalog: Any, mountpoint: str, nid: str, result: Dict[str, Any],
+                   adopted: Set[Any]) -> List[str]:
     """Names changed in node `nid`'s export behind its mount (a peer's change
     made there included), from a `changes` answer's "here" ([rel, size, mtime,
     mode], a ScannedFile) and "not_here" (rel): that node holds them or not, and the other
-    holders stay (its merged view may not know of them yet). Returns the names
-    whose catalog entry changed. Malformed items are skipped."""
+    holders stay (its merged view may not know of them yet). A name the export
+    now holds is no longer a replica store's copy there (`adopted`: (node id,
+    rel)); one it lacks but the store holds stays. Returns the names whose
+    catalog entry changed. Malformed items are skipped."""
     changed = []
     for f in parse(ScannedFile, result.get("here")):
         path = os.path.join(mountpoint, f.rel)
         before = catalog.entry(path)
+        unstored = (nid, f.rel) in adopted      # the listings name it now
+        adopted.discard((nid, f.rel))
         catalog.add(path, nid, f.size, f.mtime, None, f.mode)
-        if catalog.entry(path) != before:
+        if catalog.entry(path) != before or unstored:
             changed.append(f.rel)
     for rel in result.get("not_here") or []:
-        if not isinstance(rel, str):
+        if not isinstance(rel, str) or (nid, rel) in adopted:
             continue
         path = os.path.join(mountpoint, rel)
         before = catalog.entry(path)
         catalog.remove(path, nid)
         if catalog.entry(path) != before:
+            changed.append(rel)
+    return changed
+
+
+def take_copies(catalog: Any, mountpoint: str, by_name: Dict[str, str], items: Any,
+                adopted: Set[Any]) -> List[str]:
+    """The catalog takes a mount's merged view of changed names (FileCopy
+    items: every complete copy of each, by node name; `by_name`: name -> node
+    id). Returns the names whose catalog entry changed, or that an export now
+    holds where its replica store held an older copy (`adopted`: the listings
+    leave store copies out, so the nodes must hear of it)."""
+    copies: Dict[str, Dict[str, Tuple[int, float, int]]] = {}
+    unstored: Set[str] = set()
+    for c in parse(FileCopy, items):
+        where = copies.setdefault(c.rel, {})
+        if c.node in by_name:
+            where[by_name[c.node]] = (c.size, c.mtime, c.mode)
+            if (by_name[c.node], c.rel) in adopted:
+                adopted.discard((by_name[c.node], c.rel))
+                unstored.add(c.rel)
+    changed = []
+    for rel, where in copies.items():
+        path = os.path.join(mountpoint, rel)
+        before = catalog.entry(path)
+        catalog.set_replicas(path, where)
+        if catalog.entry(path) != before or rel in unstored:
             changed.append(rel)
     return changed

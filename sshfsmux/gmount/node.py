@@ -372,10 +372,19 @@ class GMountNode(NodeSide):
         head can hold make's exit status until every mount has acted."""
         from sshfsmux.gmount import export_scan
         rels = [str(p) for p in args.get("paths") or []]
+        pending = self._take_pending() if args.get("describe") else []
 
         def work() -> None:
+            copies: List[Any] = []
             try:
                 files = export_scan.describe(self.cfg.export, rels) if args.get("describe") else []
+                if pending:
+                    # the feed's changes not sent yet (a recipe's side files)
+                    # go with its targets, so make hears of both at once; a
+                    # name gone from every branch waits for the feed (the
+                    # other mounts drop it first)
+                    copies, gone = copies_of(self.fs, pending)
+                    self._requeue(gone)
                 kc = self.kcache
                 paths = ["/" + r.lstrip("/") for r in rels]
                 fs = self.fs
@@ -385,8 +394,26 @@ class GMountNode(NodeSide):
             except Exception as e:
                 self.in_loop(reply, False, "cannot act on changed files: %s" % e)
                 return
-            self.in_loop(reply, True, "", {"files": files, "invalidated": dropped})
+            self.in_loop(reply, True, "", {"files": files, "invalidated": dropped,
+                                           "copies": copies})
         self.in_thread(work)
+
+    def _take_pending(self) -> List[str]:
+        """The change feed's names not sent yet, taken out of it."""
+        w = self.changes_waiting
+        with w.lock:
+            paths, w.paths = w.paths, set()
+        every = sorted(p.lstrip("/") for p in paths)
+        self._requeue(every[CHANGES_PAGE:])      # an answer's worth; the rest as before
+        return every[:CHANGES_PAGE]
+
+    def _requeue(self, rels: List[str]) -> None:      # any thread
+        if not rels:
+            return
+        w = self.changes_waiting
+        with w.lock:
+            w.paths.update("/" + r for r in rels)
+        self.node.loop.call_soon_threadsafe(self._arm)
 
     def adopt(self, args: Dict[str, Any], reply: Reply) -> None:
         """A complete, verified copy of a file of the mount (a transfer the head
@@ -505,15 +532,11 @@ class GMountNode(NodeSide):
                 w.local.update(p for p in local if p.lstrip("/") not in set(own))
 
         def work() -> None:
-            # a name in a directory this mount holds no copy of waits for
-            # its listing (asked now; `listing` arms the feed again): the
-            # holders the head should name are this export's and the copy's
-            ns = self.fs.namespace if self.fs is not None else None
-            later = {r for r in rels if ns is not None and ns.listing(os.path.dirname(r)) is None}
-            if later:
-                with w.lock:
-                    w.paths.update("/" + r for r in later)
-            copies, gone = copies_of(self.fs, [r for r in rels if r not in later])
+            # a name in a directory this mount holds no copy of is answered
+            # by asking every branch (the merged view does): waiting for a
+            # listing nobody asked for kept such a change from the head for
+            # good (a recipe's .deps/x.Po renamed into place on a host)
+            copies, gone = copies_of(self.fs, rels)
             here, not_here = export_state(self.cfg.export, own)
             self.in_loop(reply, True, "", {"copies": copies, "gone": gone,
                                            "here": here, "not_here": not_here})

@@ -253,20 +253,9 @@ class GMountService(Service):
             # every complete copy of each changed file, as the mount's
             # location xattr names them (Xattrs.copies): the catalog takes
             # that list whole, so the two agree
-            by_name = {self._name(n): n for n in m.services if self.head.node(n) is not None}
-            copies: Dict[str, Dict[str, Tuple[int, float, int]]] = {}
-            for c in file_records.parse(file_records.FileCopy, result.get("copies")):
-                where = copies.setdefault(c.rel, {})
-                if c.node in by_name:
-                    where[by_name[c.node]] = (c.size, c.mtime, c.mode)
-            changed = []
-            for rel, where in copies.items():
-                path = os.path.join(m.mountpoint, rel)
-                before = self.catalog.entry(path)
-                self.catalog.set_replicas(path, where)
-                if self.catalog.entry(path) != before:
-                    changed.append(rel)
-            changed += file_records.export_changes(self.catalog, m.mountpoint, nid, result)
+            changed = self._take_copies(m, result.get("copies"))
+            changed += file_records.export_changes(self.catalog, m.mountpoint, nid, result,
+                                                   m.adopted)
             self.feed.touched(m.mountpoint, changed)
             gone = [str(rel) for rel in result.get("gone") or []]
             if gone:
@@ -276,13 +265,25 @@ class GMountService(Service):
                 # drop their kernel caches of them, then the catalog forgets
                 # them (in that order: who sees the catalog say "gone" sees
                 # no stale file on any mount)
+                # a name some node's report brought back in the meantime (a
+                # rename over it, a new file) is not forgotten
+                seen = {rel: self.catalog.entry(os.path.join(m.mountpoint, rel)) for rel in gone}
+
                 def forget() -> None:
                     for rel in gone:
-                        self.catalog.remove(os.path.join(m.mountpoint, rel))
+                        path = os.path.join(m.mountpoint, rel)
+                        if self.catalog.entry(path) == seen[rel]:
+                            self.catalog.remove(path)
                     self.feed.touched(m.mountpoint, gone)
                 self._invalidate(m, sid, gone, forget)
             self._watch(m, nid, sid)
         self.head.call_role(sid, "changes", {}, answered)
+
+    def _take_copies(self, m: Mount, items: Any) -> List[str]:
+        """The catalog takes a mount's merged view of changed names (every
+        complete copy of each); returns the names whose entry changed."""
+        by_name = {self._name(n): n for n in m.services if self.head.node(n) is not None}
+        return file_records.take_copies(self.catalog, m.mountpoint, by_name, items, m.adopted)
 
     def _invalidate(self, m: Mount, skip: str, rels: List[str], done: Callable[[], None]) -> None:
         """Every live mount of `m` but service `skip` drops its kernel caches
@@ -376,6 +377,9 @@ class GMountService(Service):
                          holder: bool = holder) -> None:
                 if ok and holder:
                     changed = self._record(m, nid, rels, result.get("files") or [])
+                    # and what the recipe changed besides its targets (automake's
+                    # .deps/*.Po renamed into place), from that node's change feed
+                    changed += self._take_copies(m, result.get("copies"))
                     # the nodes holding these directories take the change before make hears
                     self.feed.touched(m.mountpoint, changed, lambda: acted((sid, holder)))
                     return
@@ -389,8 +393,12 @@ class GMountService(Service):
         returns those whose entry changed (what the nodes' copies must hear)."""
         before = {rel: self.catalog.entry(os.path.join(m.mountpoint, rel)) for rel in rels}
         seen = set()
+        unstored: Set[str] = set()
         for f in file_records.parse(file_records.DescribedFile, files):
             seen.add(f.rel)
+            if (nid, f.rel) in m.adopted:            # the export's own file now
+                m.adopted.discard((nid, f.rel))
+                unstored.add(f.rel)
             self.catalog.add(os.path.join(m.mountpoint, f.rel), nid, f.size, f.mtime, f.sha256,
                              f.mode)
         for rel in rels:
@@ -400,7 +408,8 @@ class GMountService(Service):
             if rel not in seen and (nid, rel) not in m.adopted:
                 self.catalog.remove(os.path.join(m.mountpoint, rel), nid)
         return [rel for rel in rels
-                if self.catalog.entry(os.path.join(m.mountpoint, rel)) != before.get(rel)]
+                if self.catalog.entry(os.path.join(m.mountpoint, rel)) != before.get(rel)
+                or rel in unstored]
 
     # -- planned transfers (make_backend/head/transfer_plan.py) ------------------------
     def _service_on(self, node: str, path: str) -> Optional[tuple]:
