@@ -97,6 +97,14 @@ def unmount(mountpoint: str) -> str:
     return ""
 
 
+def page(paths: Set[str], room: int) -> Tuple[List[str], List[str]]:
+    """Up to `room` of the mount paths ("/a/b"), in order, as rels ("a/b"),
+    and the paths left for later."""
+    every = sorted(paths, key=lambda p: p.lstrip("/"))
+    taken = every[:max(0, room)]
+    return [p.lstrip("/") for p in taken], every[len(taken):]
+
+
 class MountSettings:
     """A mount's configuration from the head, checked: every bad value is a
     ValueError in one line, raised before anything is started."""
@@ -403,9 +411,9 @@ class GMountNode(NodeSide):
         w = self.changes_waiting
         with w.lock:
             paths, w.paths = w.paths, set()
-        every = sorted(p.lstrip("/") for p in paths)
-        self._requeue(every[CHANGES_PAGE:])      # an answer's worth; the rest as before
-        return every[:CHANGES_PAGE]
+        rels, rest = page(paths, CHANGES_PAGE)   # an answer's worth; the rest as before
+        self._requeue([r.lstrip("/") for r in rest])
+        return rels
 
     def _requeue(self, rels: List[str]) -> None:      # any thread
         if not rels:
@@ -492,17 +500,15 @@ class GMountNode(NodeSide):
         self._arm()
 
     def _on_change(self, path: str) -> None:      # a FUSE thread
-        w = self.changes_waiting
-        with w.lock:
-            if len(w.paths) < MAX_PENDING:
-                w.paths.add(path)
-        self.node.loop.call_soon_threadsafe(self._arm)
+        self._note_change(self.changes_waiting.paths, path)
 
     def _on_export_change(self, path: str) -> None:      # the watch's thread
-        w = self.changes_waiting
-        with w.lock:
-            if len(w.local) < MAX_PENDING:
-                w.local.add(path)
+        self._note_change(self.changes_waiting.local, path)
+
+    def _note_change(self, into: Set[str], path: str) -> None:
+        with self.changes_waiting.lock:
+            if len(into) < MAX_PENDING:
+                into.add(path)
         self.node.loop.call_soon_threadsafe(self._arm)
 
     def _arm(self) -> None:
@@ -521,15 +527,12 @@ class GMountNode(NodeSide):
             if reply is None or not (paths or local):
                 return
             w.reply, w.paths, w.local = None, set(), set()
-        every = sorted(p.lstrip("/") for p in paths)
-        rels = every[:CHANGES_PAGE]
-        if len(every) > CHANGES_PAGE:     # the rest go with the next answer
-            with w.lock:
-                w.paths.update("/" + r for r in every[CHANGES_PAGE:])
-        own = sorted(p.lstrip("/") for p in local)[:max(0, CHANGES_PAGE - len(rels))]
-        if len(own) < len(local):
-            with w.lock:
-                w.local.update(p for p in local if p.lstrip("/") not in set(own))
+        # an answer's worth of names; the rest go with the next answer
+        rels, rest = page(paths, CHANGES_PAGE)
+        own, rest_own = page(local, CHANGES_PAGE - len(rels))
+        with w.lock:
+            w.paths.update(rest)
+            w.local.update(rest_own)
 
         def work() -> None:
             # a name in a directory this mount holds no copy of is answered
