@@ -84,9 +84,11 @@ class ReplicaKeeper(Protocol):
 
     def watched_paths(self) -> List[str]:
         """Absolute paths under which it caches what files look like."""
-    def files_changed(self, node: str, paths: List[str], done: Callable[[], None]) -> None:
-        """Node `node` wrote (or removed) `paths` ("" : nobody wrote them as
-        complete files): act, then done() exactly once."""
+    def files_changed(self, node: str, paths: List[str], done: Callable[[], None],
+                      complete: bool = True) -> None:
+        """Node `node` wrote (or removed) `paths` (not `complete`: a failed
+        recipe there, whose files are not to be described as complete):
+        act, then done() exactly once."""
     def replica_dir(self, node: str, path: str) -> Optional[str]:
         """Where on `node`'s host a copy of `path` may be written for adopt, or None."""
     def adopt_replica(self, node: str, path: str, file: str, source: str,
@@ -154,9 +156,10 @@ class ReplicaAPI:
         """Those of `paths` some keeper caches: only they need files_changed."""
         raise NotImplementedError
 
-    def files_changed(self, node: str, paths: List[str], done: Callable[[], None]) -> None:
-        """Every keeper acts on `paths` written by `node`; done() once all have
-        (or after a bound)."""
+    def files_changed(self, node: str, paths: List[str], done: Callable[[], None],
+                      complete: bool = True) -> None:
+        """Every keeper acts on `paths` written by `node` (not `complete`: by a
+        recipe that failed there); done() once all have (or after a bound)."""
         raise NotImplementedError
 
     def replica_dir(self, node: str, path: str) -> Optional[str]:

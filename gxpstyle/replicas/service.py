@@ -107,7 +107,8 @@ class ReplicaService(Service, ReplicaAPI):
     def watched(self, paths: List[str]) -> List[str]:
         return under_watched(self.keepers, paths)
 
-    def files_changed(self, node: str, paths: List[str], done: Callable[[], None]) -> None:
+    def files_changed(self, node: str, paths: List[str], done: Callable[[], None],
+                      complete: bool = True) -> None:
         """Every keeper acts (mounts drop their kernel caches, describe what the
         writer's export holds for the catalog); done() once all have, or
         after FILES_CHANGED_WAIT seconds."""
@@ -137,7 +138,7 @@ class ReplicaService(Service, ReplicaAPI):
         state["timer"] = self.head.call_later(FILES_CHANGED_WAIT, late)
         for i, k in enumerate(keepers):
             try:
-                k.files_changed(node, paths, lambda i=i: acted(i))   # type: ignore[misc]
+                k.files_changed(node, paths, lambda i=i: acted(i), complete)   # type: ignore[misc]
             except Exception:
                 log_exception(self.head.log, "files_changed")
                 acted(i)

@@ -278,10 +278,10 @@ class MakeService(Service):
             self.replicas.files_changed(node, paths, lambda: self._acted(key))
         elif paths is not None:
             # a failed recipe: every mount drops its caches of its files too
-            # (make's .DELETE_ON_ERROR deletes a target only if it sees a new
-            # mtime), but no node is named as their writer, so its partial
-            # outputs never enter the catalog
-            self.replicas.files_changed("", paths, lambda: self._acted(key))
+            # and its host's change feed goes with it (make's .DELETE_ON_ERROR
+            # deletes a target only if it sees a new mtime), but its targets
+            # are not described as complete files
+            self.replicas.files_changed(node, paths, lambda: self._acted(key), complete=False)
         if self.waiting:
             self._retry()
 

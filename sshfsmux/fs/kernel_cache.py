@@ -9,6 +9,14 @@ mount's `struct fuse *`, which only a FUSE callback can see
 (`fuse_get_context()->fuse`): KernelCache.capture() takes it in the mount's
 init callback, and invalidate_paths() may then run from any thread.
 
+A mount that lets the kernel keep missing names (GMount: negative entries
+for the attribute timeout) must also drop a name's dentry, negative or not,
+when the name appears elsewhere: libfuse's low-level
+`fuse_lowlevel_notify_inval_entry(session, parent node id, name)` does, and
+the high-level API gives a directory's node id as its st_ino (without
+`use_ino`), so `entries=mountpoint` stats the parent through the mount. Never
+from inside a file system call: the kernel holds the directory meanwhile.
+
 Used by the GMount service (gmount/node.py: the "changed" call, acked to the
 head) and by anything that must make a change visible now (mount caching
 with timeouts). Node side: standard library plus mfusepy.
@@ -21,23 +29,39 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Iterable, Optional
+    from typing import Any, Callable, Dict, Iterable, Optional
+
+
+FUSE_ROOT_ID = 1        # the node id of a mount's root
 
 
 class KernelCache:
     """The kernel caches of one running mount."""
 
-    def __init__(self, lib: Any, fuse: Optional[int]) -> None:
+    def __init__(self, lib: Any, fuse: Optional[int], mountpoint: str = "") -> None:
         self.lib = lib
         self.fuse = fuse
-        if lib is not None:
+        # names' dentries (negative ones too) are dropped when set
+        self.mountpoint = mountpoint
+        self.session: Optional[int] = None
+        if lib is not None and isinstance(lib, ctypes.CDLL):
             fn = lib.fuse_invalidate_path
             fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
             fn.restype = ctypes.c_int
+            if mountpoint and fuse and hasattr(lib, "fuse_lowlevel_notify_inval_entry"):
+                lib.fuse_get_session.argtypes = [ctypes.c_void_p]
+                lib.fuse_get_session.restype = ctypes.c_void_p
+                entry = lib.fuse_lowlevel_notify_inval_entry
+                entry.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
+                entry.restype = ctypes.c_int
+                self.session = lib.fuse_get_session(fuse)
+        elif mountpoint:
+            self.session = getattr(lib, "session", None)       # a test's stand-in
 
     @classmethod
-    def capture(cls) -> KernelCache:
-        """Call from the mount's init callback (FUSE's own thread)."""
+    def capture(cls, mountpoint: str = "") -> KernelCache:
+        """Call from the mount's init callback (FUSE's own thread); with
+        `mountpoint`, names' dentries are dropped too (see above)."""
         try:
             import mfusepy
             lib = mfusepy._libfuse
@@ -45,7 +69,7 @@ class KernelCache:
             fuse = ctx.contents.fuse if ctx else None
             if not hasattr(lib, "fuse_invalidate_path"):   # libfuse 2: nothing to call
                 return cls(None, None)
-            return cls(lib, fuse)
+            return cls(lib, fuse, mountpoint)
         except Exception:
             return cls(None, None)
 
@@ -67,6 +91,7 @@ class KernelCache:
             return 0
         dropped = 0
         seen = set()
+        ids: Dict[str, int] = {"/": FUSE_ROOT_ID}
         for p in paths:
             if p in seen:
                 continue
@@ -74,13 +99,39 @@ class KernelCache:
             rc = self._drop(p)
             if rc == 0:
                 dropped += 1
-            elif rc == -errno.ENOENT and exists is not None and not exists(p):
-                continue
+            elif rc == -errno.ENOENT:
+                if self.session:
+                    self._drop_entry(p, ids)
+                if exists is not None and not exists(p):
+                    continue
             d = os.path.dirname(p) or "/"
             if d not in seen:
                 seen.add(d)
                 dropped += self._drop(d) == 0
         return dropped
+
+    def _drop_entry(self, path: str, ids: Dict[str, int]) -> None:
+        """The dentry of a name the kernel holds no inode of: a negative one,
+        if any. Only those: dropping a directory's positive dentry would
+        leave the processes working in it without a current directory
+        (getcwd: ENOENT); a positive one is asked again after the entry
+        timeout, and its inode's attributes went at once. `ids`: parents'
+        node ids found so far (each stat'ed through the mount once)."""
+        d, name = os.path.split(path)
+        d = d or "/"
+        if d not in ids:
+            # a directory the kernel never looked up holds no name of it
+            # (stat'ing it would look it up: on a node holding no copy of
+            # its parent, by asking every peer)
+            ids[d] = 0
+            if self._drop(d) == 0:
+                try:
+                    ids[d] = os.lstat(self.mountpoint + d).st_ino
+                except OSError:
+                    pass            # gone: so are the names under it
+        raw = name.encode("utf-8", "surrogateescape")
+        if ids[d] and raw:
+            self.lib.fuse_lowlevel_notify_inval_entry(self.session, ids[d], raw, len(raw))
 
     def _drop(self, path: str) -> int:
         # 0, -ENOENT (never seen), or e.g. -ENOSYS on an old kernel (the

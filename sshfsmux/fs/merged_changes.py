@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 
+if TYPE_CHECKING:
+    from sshfsmux.fs.namespace_copy import NamespaceCopy
+
+
 class NameChanges:
     if TYPE_CHECKING:       # what MergedFS supplies (for type checkers only)
         import threading
@@ -27,6 +31,7 @@ class NameChanges:
         _handles: Dict[int, Any]
         create_branch: Optional[Branch]
         uid: int
+        namespace: Optional[NamespaceCopy]
 
         def _view(self, path: str, every: bool = False) -> View: ...
         def file_view(self, path: str) -> View: ...
@@ -120,6 +125,8 @@ class NameChanges:
         b = self._branch_for_new(path)
         b.mkdir(path, mode & 0o7777)
         self._give_to_caller(b, path)
+        if self.namespace is not None:
+            self.namespace.made_dir(path)
         self._changed(path)
         return 0
 

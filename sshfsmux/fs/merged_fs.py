@@ -139,7 +139,7 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
         self.namespace: Any = None
         self.lookups = 0            # getattr calls that reached this file system
         # requests this host's export server has served (user.sshfsmux.served)
-        self.served: Optional[Callable[[], int]] = None
+        self.served: Optional[Callable[[], Dict[str, int]]] = None
 
     def forget_access(self, paths: List[str]) -> None:
         """Names changed elsewhere (the head's "changed" call): their access

@@ -43,7 +43,7 @@ class Xattrs:
         _hints: Dict[str, Dict[str, bytes]]
         node: str
         lookups: int
-        served: Optional[Callable[[], int]]
+        served: Optional[Callable[[], Dict[str, int]]]
 
         def _view(self, path: str, every: bool = False) -> View: ...
         def _is_chain(self, path: Optional[str]) -> bool: ...
@@ -111,8 +111,10 @@ class Xattrs:
             self._view(path)          # ENOENT first, like the kernel would
             raise _e(errno.ENODATA)
         if name == XA_SERVED and path == "/":
-            served = self.served
-            return ("calls=%d lookups=%d" % (served() if served else 0, self.lookups)).encode()
+            # the total, then each kind of request (what asked, when a test fails)
+            kinds = dict(self.served()) if self.served else {}
+            return " ".join(["calls=%d lookups=%d" % (sum(kinds.values()), self.lookups)] + [
+                "%s=%d" % kv for kv in sorted(kinds.items())]).encode()
         if name == XA_LOCATION:
             return self._location(path, self._view(path, every=True))
         if name == XA_CONFLICT:

@@ -81,13 +81,39 @@ class NamespaceCopy:
 
     def holders(self, path: str) -> Optional[Tuple[Holder, ...]]:
         """Who holds `path` ("/a/b"), () if nobody does, None if the copy
-        lacks its directory."""
+        lacks its directory. A name looked up in a directory this mount
+        made itself, before the head's listing of it came, is noted: the
+        kernel may keep its answer (fill)."""
         d, name = split(path)
+        with self.lock:
+            got = self.dirs.get(d)
+            if got is not None:
+                if d in self.asked:
+                    self.looked.setdefault(d, set()).add(name)
+                return got.get(name, ())
         listing = self.listing(d)
         return None if listing is None else listing.get(name, ())
 
+    def made_dir(self, path: str) -> None:
+        """This mount made directory `path` (nobody held the name): it is
+        empty but for what this mount puts in it, so its names are answered
+        at once, while the head's listing (and with it the subscription to
+        the directory's changes) is on its way."""
+        key = path.strip("/")
+        with self.lock:
+            if key in self.dirs or key in self.asked:
+                return
+            self.dirs[key] = {}
+            self.asked[key] = True
+        try:
+            self.fetch([key])
+        except Exception:
+            with self.lock:
+                self.dirs.pop(key, None)
+                self.asked.pop(key, None)
+
     def looked_up(self, path: str) -> None:
-        """`path` was found without the copy (its listing is on its way)."""
+        """`path` was looked up without the copy (its listing is on its way)."""
         d, name = split(path)
         with self.lock:
             if d in self.asked:
@@ -105,9 +131,9 @@ class NamespaceCopy:
     # -- changes (the node's loop, and this mount's own changes) -------------------
     def fill(self, listings: Dict[str, Any]) -> List[str]:
         """Listings the head sent: held from now on (replacing any older one).
-        Returns the paths found without them meanwhile (the kernel's entries
-        of those are to be dropped: a change before the head listed them
-        reached no one)."""
+        Returns the paths looked up without them meanwhile, found or not
+        (the kernel's entries of those, negative ones too, are to be
+        dropped: a change before the head listed them reached no one)."""
         found: List[str] = []
         with self.lock:
             for key, names in listings.items():
@@ -119,7 +145,10 @@ class NamespaceCopy:
 
     def update(self, changes: Dict[str, Any]) -> List[str]:
         """Changes the head sent (key -> name -> holders, [] for gone) to
-        directories held; returns the mount paths ("/a/b") they touched."""
+        directories held; returns the mount paths ("/a/b") whose holders
+        differ from what the copy held: a change this mount made itself
+        comes back as the copy has it already (set_holders), and the
+        kernel's entry for it, made by that very change, stays."""
         touched = []
         with self.lock:
             for key, names in changes.items():
@@ -127,12 +156,14 @@ class NamespaceCopy:
                 if listing is None or not isinstance(names, dict):
                     continue
                 for name, hs in names.items():
-                    got = holder_tuples(hs)
+                    got, name = holder_tuples(hs), str(name)
+                    if sorted(got) == sorted(listing.get(name, ())):
+                        continue
                     if got:
-                        listing[str(name)] = got
+                        listing[name] = got
                     else:
-                        listing.pop(str(name), None)
-                    touched.append("/" + (key + "/" if key else "") + str(name))
+                        listing.pop(name, None)
+                    touched.append("/" + (key + "/" if key else "") + name)
         return touched
 
     def set_holders(self, path: str, node: str, holder: Optional[Holder]) -> None:

@@ -23,7 +23,7 @@ import threading
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict
+    from typing import Callable, Dict, List
 
 IN_ATTRIB, IN_CLOSE_WRITE, IN_MOVED_FROM, IN_MOVED_TO = 0x4, 0x8, 0x40, 0x80
 IN_CREATE, IN_DELETE, IN_Q_OVERFLOW, IN_IGNORED, IN_ISDIR = 0x100, 0x200, 0x4000, 0x8000, 0x40000000
@@ -34,9 +34,10 @@ _EVENT = struct.Struct("iIII")          # wd, mask, cookie, length of the name
 
 class ExportWatch:
     """Reports "/rel" of every name changed under `root` to `on_change`
-    (from a thread of its own) until close()."""
+    (from a thread of its own, the names of one read of the kernel's queue
+    in one call) until close()."""
 
-    def __init__(self, root: str, on_change: Callable[[str], None],
+    def __init__(self, root: str, on_change: Callable[[List[str]], None],
                  log: Callable[[str], None]) -> None:
         self.root = root
         self.on_change = on_change
@@ -77,9 +78,8 @@ class ExportWatch:
             below = "" if below == "." else below
             for name in dirs:
                 self._add(os.path.join(below, name))
-            if report:
-                for name in dirs + files:
-                    self.on_change("/" + os.path.join(below, name))
+            if report and dirs + files:
+                self.on_change(["/" + os.path.join(below, name) for name in dirs + files])
 
     def _run(self) -> None:
         while True:
@@ -101,6 +101,14 @@ class ExportWatch:
                 self.log("watching the export: %s" % e)
 
     def _events(self, data: bytes) -> None:
+        changed: List[str] = []
+        try:
+            self._parse(data, changed)
+        finally:
+            if changed:
+                self.on_change(changed)
+
+    def _parse(self, data: bytes, changed: List[str]) -> None:
         at = 0
         while at + _EVENT.size <= len(data):
             wd, mask, _cookie, length = _EVENT.unpack_from(data, at)
@@ -118,7 +126,7 @@ class ExportWatch:
             if d is None or not name:
                 continue
             rel = os.path.join(d, name) if d else name
-            self.on_change("/" + rel)
+            changed.append("/" + rel)
             if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
                 self._add_tree(rel, report=True)
 

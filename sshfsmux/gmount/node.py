@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 import subprocess
 import threading
 
@@ -25,6 +24,8 @@ from gxpstyle.api.node_side import NodeSide
 from gxpstyle.transport.link_auth import local_addresses, pick_address
 from sshfsmux.fs.namespace_copy import NamespaceCopy
 from sshfsmux.gmount.change_report import copies_of, export_state
+from sshfsmux.gmount.mount_settings import MountSettings, fuse_conf_allows_other, is_mounted  # noqa: F401
+from sshfsmux.gmount.serial_work import SerialWork
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,10 +36,12 @@ if TYPE_CHECKING:
     Reply = Callable[..., None]
 
 MOUNT_WAIT = 20.0
-# seconds of changes made through the mount sent as one answer: none, the
-# other nodes' copies of the namespace wait for them (those made while an
-# answer is on its way go with the next one)
-COALESCE = 0.0
+# seconds of changes made through the mount sent as one answer: a burst
+# (tar, configure, a recipe's outputs) goes to the head and back to the
+# other nodes in a few rounds instead of one round per change, well inside
+# the interactive bound (README: 100 ms); a recipe's own changes do not
+# wait for it (they go with its exit status, the "changed" call)
+COALESCE = 0.02
 CHANGES_PAGE = 5000     # paths an answer describes; the rest wait for the next call
 MAX_PENDING = 100000    # paths kept between answers (more: the catalog misses some)
 
@@ -54,7 +57,8 @@ NODE_MODULES = [
     "sshfsmux.fs.link_names", "sshfsmux.fs.merged_changes", "sshfsmux.fs.merged_xattrs",
     "sshfsmux.fs.namespace_copy", "sshfsmux.fs.merged_namespace", "sshfsmux.fs.merged_fs",
     "sshfsmux.direct.export_server", "sshfsmux.gmount.export_scan", "sshfsmux.fs.kernel_cache",
-    "sshfsmux.gmount.export_watch", "sshfsmux.gmount.change_report",
+    "sshfsmux.gmount.export_watch", "sshfsmux.gmount.change_report", "sshfsmux.gmount.serial_work",
+    "sshfsmux.gmount.mount_settings",
     "sshfsmux.gmount.node", "mfusepy",
 ]
 
@@ -66,22 +70,6 @@ def fusermount() -> str:
             if os.access(path, os.X_OK):
                 return path
     return "fusermount"
-
-
-def fuse_conf_allows_other(path: str = "/etc/fuse.conf") -> bool:
-    try:
-        with open(path) as f:
-            return any(line.strip() == "user_allow_other" for line in f)
-    except OSError:
-        return False
-
-
-def is_mounted(mountpoint: str) -> bool:
-    try:
-        with open("/proc/self/mounts") as f:
-            return any(line.split()[1] == mountpoint for line in f if len(line.split()) > 1)
-    except OSError:
-        return False
 
 
 def unmount(mountpoint: str) -> str:
@@ -103,48 +91,6 @@ def page(paths: Set[str], room: int) -> Tuple[List[str], List[str]]:
     every = sorted(paths, key=lambda p: p.lstrip("/"))
     taken = every[:max(0, room)]
     return [p.lstrip("/") for p in taken], every[len(taken):]
-
-
-class MountSettings:
-    """A mount's configuration from the head, checked: every bad value is a
-    ValueError in one line, raised before anything is started."""
-
-    def __init__(self, config: Dict[str, Any], node_name: str) -> None:
-        from sshfsmux.direct.branch import CALL_SECONDS, MAX_CALL_SECONDS
-        from sshfsmux.fs import mount_nesting
-
-        self.export = os.path.abspath(config["export"])
-        self.mountpoint = os.path.abspath(config["mountpoint"])
-        self.ro = bool(config.get("ro"))
-        self.cipher = bool(config.get("cipher", True))
-        # how long a peer may leave a request unanswered before its files give EIO
-        timeout = config.get("timeout", CALL_SECONDS)
-        if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                or not 1 <= timeout <= MAX_CALL_SECONDS):
-            raise ValueError("timeout %r: give a number of seconds from 1 to %d"
-                             % (timeout, MAX_CALL_SECONDS))
-        self.timeout = float(timeout)
-        self.allow_other = bool(config.get("allow_other"))
-        # bytes of replicas this host's store keeps (-o cache_size=); None: half the free space
-        self.cache_size = config.get("cache_size")
-        if self.allow_other and os.getuid() != 0 and not fuse_conf_allows_other():
-            raise ValueError("allow_other needs 'user_allow_other' in /etc/fuse.conf on %s"
-                             % socket.gethostname())
-        if not os.path.isdir(self.export):
-            raise ValueError("export %s: no such directory" % self.export)
-        if not os.path.isdir(self.mountpoint):
-            # as mount(8) and sshfs: the mountpoint is the user's directory, never made here
-            raise ValueError("mountpoint %s: %s" % (self.mountpoint, "not a directory" if os.path.lexists(
-                self.mountpoint) else "no such directory (make it first, e.g. gxpc e mkdir -p DIR)"))
-        if is_mounted(self.mountpoint):
-            raise ValueError("mountpoint %s: already a mount point" % self.mountpoint)
-        try:
-            self.places = mount_nesting.check_export(self.export, self.mountpoint,
-                                                     socket.gethostname())
-        except mount_nesting.NestingError as e:
-            raise ValueError(str(e))
-        # The name peers and the location attribute know this host by (as explored).
-        self.host_name = str(config.get("node") or node_name)
 
 
 class ChangesWaiting:
@@ -195,6 +141,10 @@ class GMountNode(NodeSide):
         self.settled = threading.Event()    # FUSE is up, or failed, or stopped
         self.changes_waiting = ChangesWaiting()
         self.watch: Any = None            # ExportWatch, while mounted with peers
+        # off the loop, in order: dropping kernel entries (it may wait for
+        # the kernel), and work that may wait for the disk or the peers
+        self.kernel_work = SerialWork("kernel caches", self.log)
+        self.peer_work = SerialWork("mount work", self.log)
 
     def info(self) -> Dict[str, Any]:
         """What the head learns of this node's service when it starts."""
@@ -271,14 +221,14 @@ class GMountNode(NodeSide):
         if len(branches) > 1:
             fs.namespace = NamespaceCopy(self._ask_listings)
         calls = self.server.stats["calls"]
-        fs.served = lambda: sum(calls.values())
+        fs.served = lambda: dict(calls)
         return fs
 
     def _watch_export(self) -> None:
         """Changes made straight into the export go into the change feed too."""
         from sshfsmux.gmount.export_watch import ExportWatch
         try:
-            self.watch = ExportWatch(self.cfg.export, self._on_export_change, self.log)
+            self.watch = ExportWatch(self.cfg.export, self._on_export_changes, self.log)
         except OSError as e:
             self.log("changes made straight into %s show only through the mount: %s"
                      % (self.cfg.export, e.strerror or e))
@@ -307,7 +257,7 @@ class GMountNode(NodeSide):
     def _drop_kernel_entries(self, paths: List[str]) -> None:
         kc = self.kcache
         if kc is not None and paths:
-            self.in_thread(lambda: kc.invalidate_paths(paths, exists=self.in_export))
+            self.kernel_work.put(lambda: kc.invalidate_paths(paths, exists=self.in_export))
 
     def namespace_changed(self, args: Dict[str, Any], reply: Reply) -> None:
         """Changes the head saw under directories this mount holds: into the
@@ -330,13 +280,13 @@ class GMountNode(NodeSide):
             except Exception as e:
                 self.log("cannot drop kernel caches: %s" % e)
             self.in_loop(reply, True, "", {})
-        self.in_thread(work)
+        self.kernel_work.put(work)
 
     def _fuse_ready(self) -> None:
         from sshfsmux.fs.kernel_cache import KernelCache
         # FUSE's init callback: the one place the mount's `struct fuse *` is
         # visible, kept for the "changed" call (kernel_cache.py)
-        self.kcache = KernelCache.capture()
+        self.kcache = KernelCache.capture(self.cfg.mountpoint)
         self.up = True
         self.settled.set()
 
@@ -367,7 +317,7 @@ class GMountNode(NodeSide):
                 self.in_loop(reply, False, "cannot scan %s: %s" % (export, e))
                 return
             self.in_loop(reply, True, "", {"files": files, "more": more})
-        self.in_thread(work)
+        self.peer_work.put(work)
 
     def in_export(self, path: str) -> bool:
         """A name of the mount is in this node's export (no peer asked)."""
@@ -380,7 +330,7 @@ class GMountNode(NodeSide):
         head can hold make's exit status until every mount has acted."""
         from sshfsmux.gmount import export_scan
         rels = [str(p) for p in args.get("paths") or []]
-        pending = self._take_pending() if args.get("describe") else []
+        pending = self._take_pending() if args.get("describe") or args.get("feed") else []
 
         def work() -> None:
             copies: List[Any] = []
@@ -404,7 +354,7 @@ class GMountNode(NodeSide):
                 return
             self.in_loop(reply, True, "", {"files": files, "invalidated": dropped,
                                            "copies": copies})
-        self.in_thread(work)
+        self.peer_work.put(work)
 
     def _take_pending(self) -> List[str]:
         """The change feed's names not sent yet, taken out of it."""
@@ -444,7 +394,7 @@ class GMountNode(NodeSide):
                              % (rel, getattr(e, "strerror", None) or e))
                 return
             self.in_loop(reply, True, "", {"kept": kept})
-        self.in_thread(work)
+        self.peer_work.put(work)
 
     def _adopt(self, rel: str, file: str) -> str:
         if os.path.dirname(os.path.abspath(file)) != self.cache_dir:
@@ -500,16 +450,22 @@ class GMountNode(NodeSide):
         self._arm()
 
     def _on_change(self, path: str) -> None:      # a FUSE thread
-        self._note_change(self.changes_waiting.paths, path)
+        self._note_changes(self.changes_waiting.paths, (path,))
 
-    def _on_export_change(self, path: str) -> None:      # the watch's thread
-        self._note_change(self.changes_waiting.local, path)
+    def _on_export_changes(self, paths: List[str]) -> None:      # the watch's thread
+        self._note_changes(self.changes_waiting.local, paths)
 
-    def _note_change(self, into: Set[str], path: str) -> None:
-        with self.changes_waiting.lock:
-            if len(into) < MAX_PENDING:
-                into.add(path)
-        self.node.loop.call_soon_threadsafe(self._arm)
+    def _note_changes(self, into: Set[str], paths: Any) -> None:
+        w = self.changes_waiting
+        with w.lock:
+            for path in paths:
+                if len(into) < MAX_PENDING:
+                    into.add(path)
+            # the loop arms the answer; once armed (or with no call of the
+            # head's waiting) there is nothing to wake it for
+            wake = not w.armed and w.reply is not None
+        if wake:
+            self.node.loop.call_soon_threadsafe(self._arm)
 
     def _arm(self) -> None:
         w = self.changes_waiting
@@ -544,7 +500,7 @@ class GMountNode(NodeSide):
             self.in_loop(reply, True, "", {"copies": copies, "gone": gone,
                                            "here": here, "not_here": not_here})
         # the merged view may ask the holders: not on the node's loop
-        self.in_thread(work)
+        self.peer_work.put(work)
 
     # -- the node's lifetime ------------------------------------------------------
     def stop(self) -> None:
@@ -555,6 +511,8 @@ class GMountNode(NodeSide):
         if is_mounted(self.cfg.mountpoint):
             unmount(self.cfg.mountpoint)
         self.server.close()
+        self.kernel_work.close()
+        self.peer_work.close()
         super().stop()
 
     def runner(self) -> None:
@@ -564,7 +522,12 @@ class GMountNode(NodeSide):
         if self.stopping or self.fs is None:
             return
         try:
-            extra = dict(allow_other=True, default_permissions=True) if self.cfg.allow_other else {}
+            extra: Dict[str, Any] = dict(allow_other=True, default_permissions=True) \
+                if self.cfg.allow_other else {}
+            if self.fs.namespace is not None:
+                # the kernel keeps misses too: every name that appears is
+                # announced by the head and its dentry dropped (namespace_changed)
+                extra["negative_seconds"] = merged_fs.ATTR_SECONDS
             merged_fs.run_fuse(self.fs, self.cfg.mountpoint, foreground=True, **extra)
         except Exception as e:
             self.error = "cannot mount %s: %s" % (self.cfg.mountpoint, e)

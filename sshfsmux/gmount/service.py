@@ -261,21 +261,16 @@ class GMountService(Service):
             if gone:
                 # no file under those names in any branch of the merged view
                 # (an unlink or a rename through the mount removes it
-                # everywhere, make's .DELETE_ON_ERROR too): the other mounts
-                # drop their kernel caches of them, then the catalog forgets
-                # them (in that order: who sees the catalog say "gone" sees
-                # no stale file on any mount)
+                # everywhere, make's .DELETE_ON_ERROR too): the catalog
+                # forgets them, and the nodes holding their directories
+                # hear it (they alone can have them cached: namespace_feed);
                 # a name some node's report brought back in the meantime (a
                 # rename over it, a new file) is not forgotten
-                seen = {rel: self.catalog.entry(os.path.join(m.mountpoint, rel)) for rel in gone}
-
-                def forget() -> None:
-                    for rel in gone:
-                        path = os.path.join(m.mountpoint, rel)
-                        if self.catalog.entry(path) == seen[rel]:
-                            self.catalog.remove(path)
-                    self.feed.touched(m.mountpoint, gone)
-                self._invalidate(m, sid, gone, forget)
+                for rel in gone:
+                    path = os.path.join(m.mountpoint, rel)
+                    if self.catalog.entry(path) is not None:
+                        self.catalog.remove(path)
+                self.feed.touched(m.mountpoint, gone)
             self._watch(m, nid, sid)
         self.head.call_role(sid, "changes", {}, answered)
 
@@ -284,22 +279,6 @@ class GMountService(Service):
         complete copy of each); returns the names whose entry changed."""
         by_name = {self._name(n): n for n in m.services if self.head.node(n) is not None}
         return file_records.take_copies(self.catalog, m.mountpoint, by_name, items, m.adopted)
-
-    def _invalidate(self, m: Mount, skip: str, rels: List[str], done: Callable[[], None]) -> None:
-        """Every live mount of `m` but service `skip` drops its kernel caches
-        of `rels`; done() once all have answered (or are lost)."""
-        pending = {sid for sid in m.services.values() if sid != skip and self.head.is_up(sid)}
-        if not pending:
-            done()
-            return
-        for sid in list(pending):
-            def acted(ok: bool, error: str, result: Dict[str, Any], sid: str = sid) -> None:
-                if not ok:
-                    self.head.log("gmount: %s: dropping caches: %s" % (sid, error))
-                pending.discard(sid)
-                if not pending:
-                    done()
-            self.head.call_role(sid, "changed", {"paths": rels}, acted)
 
     def _mount_of(self, path: str) -> Optional[Mount]:
         for mp, m in self.mounts.items():
@@ -311,26 +290,34 @@ class GMountService(Service):
         """Files under a mountpoint are what a mount caches (ReplicaAPI.watched)."""
         return list(self.mounts)
 
-    def files_changed(self, node: str, paths: List[str], done: Callable[[], None]) -> None:
+    def files_changed(self, node: str, paths: List[str], done: Callable[[], None],
+                      complete: bool = True) -> None:
         """Write-on-exit: every live mount drops its kernel caches for `paths`
         and the mount of the host that ran the recipe (it holds what the
         recipe wrote: creates land in the local export) describes them for
-        the catalog (none when `node` is "": a failed recipe's files); done()
-        once every mount has answered (or is lost).
+        the catalog, with what its change feed holds (not `complete`: a
+        failed recipe's files: every mount drops them, none describes them,
+        the host's change feed still comes); done() once every mount has
+        answered (or is lost).
         The recipes that end in one loop round share one `changed` call per
         mount service (two where some of them ran on its host)."""
         if not self._changes:
             self.head.at_end(self._send_changes)
-        self._changes.append((node, paths, done))
+        self._changes.append((node, paths, done, complete))
 
     def _send_changes(self) -> None:
         batch, self._changes = self._changes, []
         # (mountpoint, service id) -> [described rels, other rels], each in order, once
         calls: Dict[Any, List[Dict[str, None]]] = {}
         waiting: List[Callable[[], None]] = []
-        for node, paths, done in batch:
+        feeds: Set[Any] = set()       # (mountpoint, nid, sid): failed recipes' hosts
+        for node, paths, done, complete in batch:
             writer = self.head.node(node)
             host = writer.hostname if writer is not None else None
+            if not complete:
+                # the host's feed comes; every mount drops the files
+                feeds.update(self._services_on(host, paths))
+                host = None
             touched = False
             for p in paths:
                 p = os.path.normpath(p)
@@ -347,8 +334,8 @@ class GMountService(Service):
                         # the holder describes them and the namespace feed
                         # tells the nodes holding the directory, if anything
                         # changed; the others hold nothing of it
-                        # (namespace_copy.py). A failed recipe's files ("")
-                        # are described by nobody: every mount drops them.
+                        # (namespace_copy.py). A failed recipe's files are
+                        # described by nobody: every mount drops them.
                         continue
                     touched = True
                     lists = calls.setdefault((m.mountpoint, nid, sid), [{}, {}])
@@ -372,21 +359,37 @@ class GMountService(Service):
                     pending.add((sid, holder))
                     sends.append((self.mounts[mp], nid, sid, rels, holder))
         for mount, nid, sid, rels, holder in sends:
+            feed = not holder and (mount.mountpoint, nid, sid) in feeds
+
             def answered(ok: bool, error: str, result: Dict[str, Any], m: Mount = mount,
                          nid: str = nid, sid: str = sid, rels: List[str] = rels,
                          holder: bool = holder) -> None:
-                if ok and holder:
-                    changed = self._record(m, nid, rels, result.get("files") or [])
+                if ok:
+                    changed = self._record(m, nid, rels, result.get("files") or []) if holder else []
                     # and what the recipe changed besides its targets (automake's
                     # .deps/*.Po renamed into place), from that node's change feed
                     changed += self._take_copies(m, result.get("copies"))
                     # the nodes holding these directories take the change before make hears
                     self.feed.touched(m.mountpoint, changed, lambda: acted((sid, holder)))
                     return
-                if not ok:
-                    self.head.log("gmount: %s: changed files: %s" % (self._name(nid), error))
+                self.head.log("gmount: %s: changed files: %s" % (self._name(nid), error))
                 acted((sid, holder))
-            self.head.call_role(sid, "changed", {"paths": rels, "describe": holder}, answered)
+            self.head.call_role(sid, "changed", {"paths": rels, "describe": holder, "feed": feed},
+                                answered)
+
+    def _services_on(self, host: Optional[str], paths: List[str]) -> List[Any]:
+        """(mountpoint, node id, service id) of each mount holding one of
+        `paths` served on `host`."""
+        out = []
+        for p in paths:
+            m = self._mount_of(os.path.normpath(p))
+            if m is None or not host:
+                continue
+            for nid, sid in m.services.items():
+                there = self.head.node(nid)
+                if there is not None and there.hostname == host and self.head.is_up(sid):
+                    out.append((m.mountpoint, nid, sid))
+        return out
 
     def _record(self, m: Mount, nid: str, rels: List[str], files: List[Any]) -> List[str]:
         """The catalog takes what node `nid`'s export holds of `rels`;

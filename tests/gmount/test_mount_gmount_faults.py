@@ -66,7 +66,11 @@ def test_a_gone_node_gives_eio_within_the_bound_and_umount_works(bed, g):
         # seen from the head's own mount: stat, then cat, of the dead node's files
         r, took = timed(bed, user, ["stat", mnt + "/d-tk03/nothing-here"], CALL_SECONDS + SLACK)
         print("first access took %.1fs" % took)
-        assert_eio(r)
+        # a name in its directory: EIO while the head's listing of it is on
+        # its way (every peer is asked, tk03 never answers), or the listing's
+        # own answer (no such name) once it came: never a hang
+        if not r.stderr.rstrip().endswith("No such file or directory"):
+            assert_eio(r)
         r, took = timed(bed, user, ["cat", mnt + "/f-tk03"], CALL_SECONDS + SLACK)
         # EIO at once; or, once the session has seen tk03 lost (its ssh link
         # timed out meanwhile), no such file: its files left the catalog and

@@ -37,3 +37,38 @@ def test_without_an_existence_test_every_directory_is_dropped():
     lib.calls.clear()
     kc.invalidate_paths(["/a/x"], exists=lambda p: False)
     assert lib.calls == ["/a/x"]
+
+
+class FakeLowLevel(FakeLib):
+    """libfuse with a session: names' dentries are dropped by parent node id."""
+    session = 7
+
+    def __init__(self, known):
+        super().__init__(known)
+        self.entries = []
+
+        def inval_entry(session, parent, name, length):
+            assert session == self.session and length == len(name)
+            self.entries.append((parent, name.decode()))
+            return 0
+        self.fuse_lowlevel_notify_inval_entry = inval_entry
+
+
+def test_every_name_loses_its_dentry_negative_ones_too(tmp_path):
+    """GMount lets the kernel keep misses: a name that appeared elsewhere
+    (the kernel holds no inode for it, the export does not hold it) still
+    has its negative dentry dropped, by its directory's node id (the
+    high-level API's st_ino); names under a directory the kernel does not
+    know have none to drop."""
+    (tmp_path / "w").mkdir()
+    lib = FakeLowLevel({"/w", "/w/known"})
+    kc = KernelCache(lib, 1, mountpoint=str(tmp_path))
+    kc.invalidate_paths(["/w/new", "/top", "/w/known", "/w/x", "/gone/y"], exists=lambda p: False)
+    w = (tmp_path / "w").stat().st_ino
+    # a name the kernel holds an inode of keeps its dentry (a directory's is
+    # some process's current directory): its attributes go
+    assert lib.entries == [(w, "new"), (1, "top"), (w, "x")]
+    # the inodes as before (unknown names that are not here leave their
+    # directory alone); a directory is asked first whether the kernel knows
+    # it (it holds no name of one it does not), stat'ed only if it does
+    assert lib.calls == ["/w/new", "/w", "/top", "/w/known", "/w", "/w/x", "/gone/y", "/gone"]
