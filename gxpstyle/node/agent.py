@@ -294,6 +294,13 @@ class Node:
         except (channels.ChannelError, OSError) as e:
             cs._finish(False, str(e))
 
+    def op_unspawn(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        """The head gave up a child still starting: a batch job still in the
+        queue is cancelled (its kill hook), and `spawned` says so."""
+        cs = self.starting.get(msg["child"]) if src == wire.HEAD else None
+        if cs is not None:
+            cs._finish(False, "cancelled: no longer needed")
+
     def op_exec(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         if msg.get("notify"):
             self.notify_jobs.add((src, msg["job"]))
