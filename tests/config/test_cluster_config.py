@@ -61,6 +61,8 @@ def test_example_file_loads():
     assert gw and gw[0].channel == "ssh"
     slurm = [r for r in cfg.use if r.channel == "slurm"][0]
     assert slurm.options["queue"] and slurm.options["job_time"] == "1:00:00"
+    burst = [r for r in cfg.use if "elastic" in r.options]
+    assert [r.options["elastic"] for r in burst] == ["0-32"]
     assert cfg.explore and cfg.clusters
     assert cc.loads(cfg.to_yaml()) == cfg
 

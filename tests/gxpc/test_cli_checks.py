@@ -127,3 +127,9 @@ def test_use_help_gives_the_elastic_defaults_the_head_applies():
     from gxpstyle.config import use_rules
     from gxpstyle.gxpc import cli
     assert (cli._ELASTIC_WAIT, cli._ELASTIC_IDLE) == (use_rules.ELASTIC_WAIT, use_rules.ELASTIC_IDLE)
+    r = subprocess.run([os.path.join(venv_dir(), "bin", "gxpc"), "use", "--help"],
+                       capture_output=True, text=True, timeout=30)
+    help_text = " ".join(r.stdout.split())
+    assert r.returncode == 0 and "--elastic MIN-MAX batch: a pool of MIN to MAX agents" in help_text
+    assert "--elastic-wait SECONDS" in help_text and "(0 to 86400, default 5)" in help_text
+    assert "--elastic-idle SECONDS" in help_text and "(0 to 604800, default 60)" in help_text

@@ -179,3 +179,25 @@ def test_queued_jobs_are_cancelled_at_quit(slurm, gxp, workdir):
     finally:
         p.communicate(timeout=60)
     assert _jobs(slurm, gxp.user) == []
+
+
+def test_explore_starts_min_and_the_pool_keeps_it(slurm, gxp, workdir):
+    """`gxpc explore` of a pool's names starts MIN agents; the pool grows past
+    them for a make and shrinks back to MIN, never below; quit ends them."""
+    env = {"SLURM_CONF": slurm.conf_path}
+    gxp.ok("use", "slurm", "head", "mn[[1-3]]", "--python", PYTHON, "--connect-host", "127.0.0.1",
+           "--elastic", "1-3", "--elastic-wait", "0", "--elastic-idle", "0.5", env=env)
+    r = gxp.ok("explore", "mn[[1-3]]", "--timeout", "40", "-v")
+    assert _pool(gxp) == (1, 0, 0), r.stderr
+    assert gxp.stat_nodes().get("mn1") == "up"
+    work = _makefile(gxp, workdir, "work", 8, "sleep 2; echo $$GXP_NODE_ID > $@")
+    gxp.ok("make", "--shared", "-s", "-j8", cwd=work, timeout=120)
+    ran_on = set()
+    for i in range(1, 9):
+        with open(os.path.join(work, "t%d" % i)) as f:
+            ran_on.add(f.read().strip())
+    assert len(ran_on - {"0"}) >= 2, ran_on         # mn1 and at least one grown agent
+    _until("back to MIN", lambda: _pool(gxp) == (1, 0, 0), 30)
+    _until("one job left", lambda: len(_jobs(slurm, gxp.user)) == 1, 15)
+    gxp.ok("quit")
+    _until("quit ended it", lambda: _jobs(slurm, gxp.user) == [], 10)
