@@ -109,8 +109,10 @@ SpawnAgent = Callable[[use_rules.UseRule, str, float], Tuple[int, str, str]]
 class ElasticPools:
     """Every elastic rule's pool, and the demand services reported."""
 
-    def __init__(self, host: TreeHost, spawn_agent: SpawnAgent) -> None:
+    def __init__(self, host: TreeHost, spawn_agent: SpawnAgent,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.host = host
+        self.clock = clock         # time.monotonic, the clock of waiting_since
         self.spawn_agent = spawn_agent
         self.soon = False          # an evaluation is due at the end of this loop round
         self.pools: Dict[str, Pool] = {}       # label -> pool, in the order rules came
@@ -164,7 +166,7 @@ class ElasticPools:
         if not self.pools:
             return
         self.waiting[service] = sorted(waiting_since)
-        now = time.monotonic()
+        now = self.clock()
         mine: Set[str] = set()
         for pool in self.pools.values():
             mine.update(c for c in pool.members if c in busy)
@@ -184,7 +186,7 @@ class ElasticPools:
     def evaluate(self) -> None:
         """Grow, cancel and release as the demand says now; arm the one timer
         for the soonest thing that waits."""
-        now = time.monotonic()
+        now = self.clock()
         waiting = sorted(t for ts in self.waiting.values() for t in ts)
         covered = sum(p.slots * p.count("pending") for p in self.pools.values())
         soonest: List[float] = []
@@ -289,7 +291,7 @@ class ElasticPools:
         except ValueError as e:
             self._failed(pool, str(e))
             return None
-        m = Member(child, name, parent, req, since=time.monotonic())
+        m = Member(child, name, parent, req, since=self.clock())
         pool.members[child] = m
         self.spawns[req] = m
         self._event("submit", pool, name)
@@ -315,7 +317,7 @@ class ElasticPools:
             return True
         if msg["ok"]:
             self.host.node_up(m.child, m.name, src, pool.rule.channel, msg["info"])
-            m.state, m.since, m.busy = "up", time.monotonic(), False
+            m.state, m.since, m.busy = "up", self.clock(), False
             pool.slots = max(1, int(msg["info"].get("ncpu") or 1))
             pool.failures, pool.error = 0, ""
             self._event("up", pool, m.name)
@@ -345,7 +347,7 @@ class ElasticPools:
     def _failed(self, pool: Pool, reason: str) -> None:
         pool.failures += 1
         pool.error = reason
-        pool.retry_at = time.monotonic() + min(BACKOFF_MAX, max(1.0, pool.wait) * 2 ** (pool.failures - 1))
+        pool.retry_at = self.clock() + min(BACKOFF_MAX, max(1.0, pool.wait) * 2 ** (pool.failures - 1))
         self.host.log("elastic %s: %s" % (pool.label, reason))
         self._event("failed", pool, reason)
 
