@@ -65,7 +65,6 @@ class Member:
     child: str               # node id
     name: str
     parent: str
-    req: int                 # the spawn's request id
     state: str = "pending"   # pending (in the queue), up, leaving
     since: float = 0.0       # pending: submitted; up: up or last seen busy
     busy: bool = False       # some service's last report says it works there
@@ -92,7 +91,8 @@ class Pool:
         return "%s %s %s" % (self.rule.channel, self.rule.src, self.rule.dst)
 
     def count(self, state: str) -> int:
-        return sum(1 for m in self.members.values() if m.state == state)
+        """Members in `state`; a queued job being cancelled counts for nothing."""
+        return sum(1 for m in self.members.values() if m.state == state and not m.cancelled)
 
     def stat(self) -> Dict[str, Any]:
         return {"rule": self.label, "min": self.lo, "max": self.hi, "up": self.count("up"),
@@ -178,10 +178,6 @@ class ElasticPools:
                     m.since = now       # its idle time starts now
         self.evaluate()
 
-    def forget(self, service: str) -> None:
-        self.waiting.pop(service, None)
-        self.busy.pop(service, None)
-
     # -- the decisions --------------------------------------------------------------
     def evaluate(self) -> None:
         """Grow, cancel and release as the demand says now; arm the one timer
@@ -205,7 +201,7 @@ class ElasticPools:
         want = math.ceil(need / max(1, pool.slots)) if need > 0 else 0
         if pool.keep_min:
             want = max(want, pool.lo - pool.count("up") - pool.count("pending"))
-        room = pool.hi - len(pool.members)
+        room = pool.hi - sum(1 for m in pool.members.values() if not m.cancelled)
         if late < len(waiting) and room > want:
             soonest.append(waiting[late] + pool.wait)   # the next task to become late
         if want <= 0 or room <= 0:
@@ -291,7 +287,7 @@ class ElasticPools:
         except ValueError as e:
             self._failed(pool, str(e))
             return None
-        m = Member(child, name, parent, req, since=self.clock())
+        m = Member(child, name, parent, since=self.clock())
         pool.members[child] = m
         self.spawns[req] = m
         self._event("submit", pool, name)

@@ -181,11 +181,13 @@ def test_queued_jobs_are_cancelled_at_quit(slurm, gxp, workdir):
     assert _jobs(slurm, gxp.user) == []
 
 
-def test_explore_starts_min_and_the_pool_keeps_it(slurm, gxp, workdir):
+@pytest.mark.parametrize("channel", ["slurm", "torque"])
+def test_explore_starts_min_and_the_pool_keeps_it(slurm, gxp, workdir, channel):
     """`gxpc explore` of a pool's names starts MIN agents; the pool grows past
-    them for a make and shrinks back to MIN, never below; quit ends them."""
+    them for a make and shrinks back to MIN, never below; quit ends them
+    (torque: qsub and qdel, Debian's wrappers over this Slurm)."""
     env = {"SLURM_CONF": slurm.conf_path}
-    gxp.ok("use", "slurm", "head", "mn[[1-3]]", "--python", PYTHON, "--connect-host", "127.0.0.1",
+    gxp.ok("use", channel, "head", "mn[[1-3]]", "--python", PYTHON, "--connect-host", "127.0.0.1",
            "--elastic", "1-3", "--elastic-wait", "0", "--elastic-idle", "0.5", env=env)
     r = gxp.ok("explore", "mn[[1-3]]", "--timeout", "40", "-v")
     assert _pool(gxp) == (1, 0, 0), r.stderr
