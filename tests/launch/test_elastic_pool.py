@@ -201,5 +201,10 @@ def test_explore_starts_min_and_the_pool_keeps_it(slurm, gxp, workdir, channel):
     assert len(ran_on - {"0"}) >= 2, ran_on         # mn1 and at least one grown agent
     _until("back to MIN", lambda: _pool(gxp) == (1, 0, 0), 30)
     _until("one job left", lambda: len(_jobs(slurm, gxp.user)) == 1, 15)
+    # the queue ends the last agent (a wall time, scancel): MIN brings another
+    first = _jobs(slurm, gxp.user)[0].split()[0]
+    slurm.cancel(first)
+    _until("MIN again", lambda: _pool(gxp) == (1, 0, 0) and
+           [j.split()[0] for j in _jobs(slurm, gxp.user)] not in ([], [first]), 30)
     gxp.ok("quit")
     _until("quit ended it", lambda: _jobs(slurm, gxp.user) == [], 10)
