@@ -144,18 +144,19 @@ class ElasticPools:
                 return pool
         return None
 
-    def explore(self, pool: Pool, timeout: float, done: SpawnDone) -> int:
+    def explore(self, pool: Pool, timeout: float, done: SpawnDone) -> Tuple[int, str]:
         """`gxpc explore` of a pool's names: from now on it keeps MIN agents;
-        starts those missing, done(name, ok, reason) for each. Returns how many."""
+        starts those missing, done(name, ok, reason) for each. Returns how
+        many, and why the others could not start ("" if none is missing)."""
         pool.keep_min = True
         started = 0
         while pool.count("up") + pool.count("pending") < pool.lo:
             m = self._submit(pool, float(pool.rule.options.get("timeout") or timeout))
             if m is None:
-                break
+                return started, pool.error or "%s names no free agent" % pool.rule.dst
             self.explore_done[m.child] = done
             started += 1
-        return started
+        return started, ""
 
     def stat(self) -> List[Dict[str, Any]]:
         return [p.stat() for p in self.pools.values()]

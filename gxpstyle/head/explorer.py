@@ -78,6 +78,8 @@ class Exploration:
     planning: bool = True
     queued: int = 0            # local bootstraps waiting for their turn
     pool_pending: int = 0      # elastic pools' agents this explore waits for
+    # elastic pools to start once the rest is up (their gateways may be in it)
+    pools: List[Any] = field(default_factory=list)
     host_settings: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
 
@@ -168,9 +170,7 @@ class ExploreService(Service):
         for a in plan.assignments:
             if a.parent.startswith("id:"):
                 self._dispatch(ex, a, a.parent[3:])
-        for pool in pooled:
-            ex.pool_pending += self.pools.explore(pool, timeout, functools.partial(
-                self._pool_started, ex))
+        ex.pools = pooled
         ex.planning = False
         self._maybe_done(ex)
 
@@ -287,6 +287,17 @@ class ExploreService(Service):
 
     def _maybe_done(self, ex: Exploration) -> None:
         if ex.planning or ex.pending or ex.waiting or ex.queued or ex.pool_pending:
+            return
+        pools, ex.pools = ex.pools, []
+        ex.planning = bool(pools)    # a start that fails at once answers in here
+        for pool in pools:           # now that the gateways this explore brings up are up
+            started, error = self.pools.explore(pool, ex.timeout, functools.partial(
+                self._pool_started, ex))
+            ex.pool_pending += started
+            if error:
+                self._fail(ex, pool.rule.dst, error)
+        ex.planning = False
+        if ex.pool_pending:
             return
         if self.explorations.pop(ex.key, None) is None:
             return

@@ -150,7 +150,9 @@ def test_slots_of_the_agent_that_came_up_count():
 
 def test_nothing_waits_cancels_the_queued_jobs_but_min():
     pools, host, spawned = _pools("1-4", wait=0)
-    pools.explore(pools.pool_for("job1"), 20, lambda *a: None)   # keeps MIN from now on
+    pool = pools.pool_for("job1")
+    assert pool is not None
+    assert pools.explore(pool, 20, lambda *a: None) == (1, "")   # keeps MIN from now on
     assert len(spawned) == 1
     pools.demand("make", [host.now - 1] * 3, [])
     assert len(spawned) == 3

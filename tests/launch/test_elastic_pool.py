@@ -208,3 +208,20 @@ def test_explore_starts_min_and_the_pool_keeps_it(slurm, gxp, workdir, channel):
            [j.split()[0] for j in _jobs(slurm, gxp.user)] not in ([], [first]), 30)
     gxp.ok("quit")
     _until("quit ended it", lambda: _jobs(slurm, gxp.user) == [], 10)
+
+
+def test_explore_starts_min_behind_a_gateway_it_brings_up(slurm, gxp):
+    """A pool whose jobs a gateway submits, explored in the same command as
+    the gateway: its MIN agents start once the gateway is up, under it (an
+    agent writes the connect-back code it was shipped into the job script)."""
+    env = {"SLURM_CONF": slurm.conf_path}
+    gxp.ok("use", "local", "head", "gw1", env=env)
+    gxp.ok("use", "slurm", "gw1", "bq[[1-2]]", "--python", PYTHON, "--connect-host", "127.0.0.1",
+           "--elastic", "2-2")
+    r = gxp.ok("explore", "gw1", "bq[[1-2]]", "--timeout", "40")
+    assert _pool(gxp) == (2, 0, 0), r.stderr
+    rows = [line.split() for line in gxp.ok("stat").stdout.splitlines()[2:]]
+    ids = {row[1]: row[0] for row in rows if len(row) > 1}
+    assert ids["bq1"].rsplit(".", 1)[0] == ids["gw1"] == ids["bq2"].rsplit(".", 1)[0], rows
+    gxp.ok("quit")
+    _until("quit ended them", lambda: _jobs(slurm, gxp.user) == [], 10)
