@@ -11,7 +11,7 @@ Head-only (never shipped to agents).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple, Type, TypeVar
+from typing import Any, Callable, Collection, Dict, List, Optional, Protocol, Sequence, Tuple, Type, TypeVar
 
 T = TypeVar("T")
 Env = Dict[str, Optional[str]]
@@ -29,7 +29,7 @@ class NodeView(Protocol):
     @property
     def slots(self) -> int: ...
     @property
-    def state(self) -> str: ...          # up, lost, quitting, quit, gone
+    def state(self) -> str: ...          # up, leaving, lost, quitting, quit, gone
     @property
     def reason(self) -> str: ...         # why it was lost
     @property
@@ -108,6 +108,20 @@ class HeadAPI(Protocol):
     def retire_role(self, node: str) -> None:
         """This service is done with role node `node`: it leaves the tree's
         listing and, if it still runs, is told to quit."""
+
+    # -- agents on demand (elastic pools: use --elastic MIN-MAX) -------------------
+    def demand(self, waiting_since: Sequence[float], busy: Collection[str]) -> None:
+        """This service's demand for agents, replacing what it said before:
+        when (time.monotonic()) each of its ready tasks began waiting for a
+        slot, and the nodes its work occupies now (read during the call only).
+        The core submits agents for tasks that waited past a pool's wait
+        threshold and releases agents no service keeps busy. Nothing happens
+        when no rule is elastic; say it when either changes (once a loop
+        round is enough: at_end)."""
+    def agents_on_demand(self) -> bool:
+        """True while some use rule is elastic: a task that finds no free
+        slot should then wait for one (and count in `demand`) rather than
+        crowd a busy node."""
 
     # -- this service's node sides --------------------------------------------
     def send_node(self, node: str, mtype: str, body: Dict[str, Any]) -> None:

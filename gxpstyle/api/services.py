@@ -10,7 +10,10 @@ service is given a HeadAPI of its own (head_api.py) and:
 - declares its verbs, each with the schema of its arguments: the head checks
   every request against it before the handler runs, and a handler that raises
   fails that one request with a one-line error while the session goes on;
-- hears events: a node up, a subtree lost, a client gone, one of its jobs ended;
+- hears events: a node up, a subtree lost, a client gone, one of its jobs ended,
+  an elastic pool grown or shrunk (pool_changed);
+- when it may want more agents, tells the core its demand (HeadAPI.demand) and
+  answers whether it still holds a node the core is about to release (holds_node);
 - adds fields to `stat`;
 - may have a node side (node_side.py): `node_side` names its class, and
   `node_modules` what the head pushes first; it declares the message types it
@@ -87,6 +90,16 @@ class Service:
     def stat(self) -> Dict[str, Any]:
         """Fields added to `gxpc stat`'s reply."""
         return {}
+
+    def holds_node(self, nid: str) -> bool:
+        """Whether this service's work still occupies node `nid` (asked as an
+        elastic pool marks the node leaving: a held node is kept)."""
+        return False
+
+    def pool_changed(self, event: str, pool: str, what: str, up: int) -> None:
+        """An elastic pool (its rule, `pool`) changed: `event` is submit, up,
+        release, gone, cancel, lost (`what` names the agent) or failed (`what`
+        says why); `up` agents of the pool are up now."""
 
 
 def after(count: int, done: Callable[[], None]) -> Callable[..., None]:

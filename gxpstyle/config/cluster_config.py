@@ -414,6 +414,8 @@ class _Reader:
             probe = {name: value}
             if channel == "sh" and name != "template":
                 probe["template"] = "{cmd}"
+            if name in ("elastic_wait", "elastic_idle") and "elastic" in options:
+                probe["elastic"] = "0-0"     # judged on their own, not on a bad range
             try:
                 make_rule(channel, src, dst, probe)
             except RuleError:

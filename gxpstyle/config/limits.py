@@ -40,6 +40,13 @@ RANGES: Dict[str, Tuple[Number, Number, str]] = {
     # reading a makefile, and a Linux pipe holds 65,536 bytes, so from 65,538
     # on make blocks forever on its own pipe (GNU Make 4.3, measured).
     "jobs": (1, 65536, "jobs at once"),
+    # Agents an elastic pool (`use ... --elastic MIN-MAX`) holds at most: each
+    # is a batch job of its own, and a queue refuses more long before this.
+    "elastic": (0, 4096, "agents"),
+    # Seconds a ready task waits for a slot before the pool submits an agent
+    # for it, and an agent stays idle before the pool releases it.
+    "elastic_wait": (0, 24 * 3600.0, "seconds"),
+    "elastic_idle": (0, 7 * 24 * 3600.0, "seconds"),
 }
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}

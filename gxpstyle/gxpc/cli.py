@@ -51,6 +51,8 @@ EPILOG = ("Exit status: 0 ok, 1 some host/node failed or a file could not be rea
           "2 usage (a bad argument, pattern, configuration or input file), 3 session problem, "
           "130 interrupted.")
 
+# use_rules.ELASTIC_WAIT, ELASTIC_IDLE (not imported: gxpc e must not pay for use_rules)
+_ELASTIC_WAIT, _ELASTIC_IDLE = 5.0, 60.0
 QUIT_WAIT = 5.0     # seconds `gxpc quit` waits for the daemon to exit after its answer
 
 # The names plugins and older code use.
@@ -61,7 +63,7 @@ _write = verbs.write_stream
 def _rule_options(a: argparse.Namespace) -> Dict[str, Any]:
     opts: Dict[str, Any] = {}
     for name in ("user", "port", "python", "template", "queue", "connect_host", "job_time",
-                 "identity_file", "fanout", "timeout"):
+                 "identity_file", "fanout", "timeout", "elastic", "elastic_wait", "elastic_idle"):
         v = getattr(a, name, None)
         if v is not None:
             opts[name] = v
@@ -75,7 +77,7 @@ def _rule_options(a: argparse.Namespace) -> Dict[str, Any]:
 def _check_range(verb: str, option: str, value: Any) -> None:
     """limits.RANGES[--option] (limits.RangeError is a usage error)."""
     if value is not None:
-        limits.check(option.lstrip("-"), value, "%s: %s" % (verb, option))
+        limits.check(option.lstrip("-").replace("-", "_"), value, "%s: %s" % (verb, option))
 
 
 # -- use ---------------------------------------------------------------------------
@@ -84,6 +86,10 @@ def check_use(a: argparse.Namespace) -> None:
     _check_range("use", "--port", a.port)
     _check_range("use", "--fanout", a.fanout)
     _check_range("use", "--timeout", a.timeout)
+    _check_range("use", "--elastic-wait", a.elastic_wait)
+    _check_range("use", "--elastic-idle", a.elastic_idle)
+    if a.elastic is None and (a.elastic_wait is not None or a.elastic_idle is not None):
+        raise UsageError("use: --elastic-wait and --elastic-idle need --elastic MIN-MAX")
     a.rules = []
     if a.channel:
         if not (a.src and a.dst):
@@ -171,6 +177,11 @@ def cmd_stat(c: Client, a: argparse.Namespace) -> int:
         catalog = "; catalog: %d files, %d bytes moved to recipes" % (
             result.get("catalog_entries", 0), result.get("bytes_moved", 0))
     print("%d nodes up, %d lost%s" % (up, len(lost), catalog))
+    for pool in result.get("elastic") or []:
+        # an elastic rule's pool: its range, and its agents by state
+        print("elastic %s %d-%d: %d up, %d pending, %d leaving%s" % (
+            pool["rule"], pool["min"], pool["max"], pool["up"], pool["pending"], pool["leaving"],
+            "; last failure: %s" % pool["error"] if pool.get("error") else ""))
     mask = set(result["mask"]) if result["mask"] is not None else None
     for n in nodes:
         depth = n["id"].count(".")
@@ -418,6 +429,17 @@ CORE: Dict[str, Verb] = {v.name: v for v in (
                   Opt(("--batch-option",), "append"),
                   Opt(("--connect-host",), help="batch: address jobs use to reach the parent"),
                   Opt(("--job-time",), help="batch: wall time limit"),
+                  Opt(("--elastic",), metavar="MIN-MAX",
+                      help="batch: a pool of MIN to MAX agents (0 <= MIN <= MAX <= %d) that grows "
+                      "while gxpc make's recipes wait for a slot and shrinks when agents idle; "
+                      "DST names its agents (e.g. 'job[[1-16]]'), explore starts MIN"
+                      % limits.RANGES["elastic"][1]),
+                  Opt(("--elastic-wait",), "float", metavar="SECONDS",
+                      help="elastic: submit an agent once a recipe waited this long for a slot "
+                      "(0 to %d, default %g)" % (limits.RANGES["elastic_wait"][1], _ELASTIC_WAIT)),
+                  Opt(("--elastic-idle",), "float", metavar="SECONDS",
+                      help="elastic: release an agent idle this long, down to MIN (0 to %d, "
+                      "default %g)" % (limits.RANGES["elastic_idle"][1], _ELASTIC_IDLE)),
                   Opt(("--fanout",), "int", "max children of each node this rule reaches (1 to %d)"
                       % limits.RANGES["fanout"][1]),
                   Opt(("--timeout",), "float", "seconds for one host's bootstrap (%g to %d)"

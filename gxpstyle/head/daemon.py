@@ -463,6 +463,8 @@ class Head(Node):
                 if wire.is_descendant(nid, lost) and n.state == "up":
                     n.state = "lost"
                     n.reason = msg["reason"] if nid == lost else "parent %s lost" % lost
+                elif wire.is_descendant(nid, lost) and n.state == "leaving":
+                    n.state = "quit"       # released (elastic.py): it left as asked
             self.pushed_to = {n for n in self.pushed_to if not wire.is_descendant(n, lost)}
             for hosting in self.hosting.values():
                 hosting.difference_update([n for n in hosting if wire.is_descendant(n, lost)])

@@ -2,13 +2,17 @@
 
 The head plans the tree (spanning_tree.py) and sends `spawn` to each parent;
 parents bootstrap children and answer `spawned`. Targets whose gateway is not up
-yet wait for it; a gateway that fails fails the targets behind it.
+yet wait for it; a gateway that fails fails the targets behind it. Targets an
+elastic rule names (`--elastic MIN-MAX`) belong to its pool (elastic.py): an
+explore of them starts the pool's MIN agents, and the pool adds and releases
+the others with the demand services report.
 
 Head-only.
 """
 from __future__ import annotations
 
 import collections
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Tuple
@@ -16,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 from gxpstyle.api.services import Service, Verb
 from gxpstyle.config import hostpattern, limits, use_rules
 from gxpstyle.head import spanning_tree
+from gxpstyle.head.elastic import ElasticPools
 from gxpstyle.protocol import wire
 from gxpstyle.protocol.schema import Bool, Int, ListOf, MapOf, Num, Rec, Str
 
@@ -29,13 +34,16 @@ _PORT = Int(*limits.RANGES["port"][:2])
 _FANOUT = Int(_lo_fan, _hi_fan)
 _TIMEOUT = Num(_lo_to, _hi_to)
 _STRS = ListOf(Str(4096), 256)
+_WAIT = Num(*limits.RANGES["elastic_wait"][:2])
+_IDLE = Num(*limits.RANGES["elastic_idle"][:2])
 
 RULE = Rec({"channel": Str(32, empty=False), "from": Str(4096, empty=False),
             "to": Str(4096, empty=False)},
            {"user": Str(256), "port": _PORT, "identity_file": Str(4096), "ssh_options": _STRS,
             "template": Str(4096), "python": Str(4096), "timeout": _TIMEOUT, "fanout": _FANOUT,
             "queue": Str(256), "batch_options": _STRS, "connect_host": Str(256),
-            "job_time": Str(64)})
+            "job_time": Str(64), "elastic": Str(32), "elastic_wait": _WAIT,
+            "elastic_idle": _IDLE})
 HOST_SETTINGS = Rec(None, {"fanout": _FANOUT, "timeout": _TIMEOUT, "python": Str(4096)}, open=True)
 
 USE_ARGS = Rec(None, {"rules": ListOf(RULE, 4096)})
@@ -69,6 +77,9 @@ class Exploration:
     # and must not end the exploration before the rest starts.
     planning: bool = True
     queued: int = 0            # local bootstraps waiting for their turn
+    pool_pending: int = 0      # elastic pools' agents this explore waits for
+    # elastic pools to start once the rest is up (their gateways may be in it)
+    pools: List[Any] = field(default_factory=list)
     host_settings: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
 
@@ -90,6 +101,7 @@ class ExploreService(Service):
         self.local_queue: Dict[
             str, collections.deque[Tuple[Exploration, spanning_tree.Assignment, str]]] = {}
         self.local_of: Dict[int, str] = {}
+        self.pools = ElasticPools(head, self.spawn_agent)
 
     def verbs(self) -> Dict[str, Verb]:
         return {"use": Verb(self.req_use, USE_ARGS), "explore": Verb(self.req_explore, EXPLORE_ARGS)}
@@ -99,6 +111,7 @@ class ExploreService(Service):
             rule = use_rules.rule_from_dict(r)
             if all(old.to_dict() != rule.to_dict() for old in self.rules):
                 self.rules.append(rule)
+                self.pools.set_rule(rule)
         self.head.reply(cid, req, 0, {"rules": [r.to_dict() for r in self.rules]})
 
     def req_explore(self, cid: str, req: int, args: Dict[str, Any]) -> None:
@@ -108,6 +121,7 @@ class ExploreService(Service):
         rules = list(self.rules)
         for r in args.get("rules", []):
             rules.append(use_rules.rule_from_dict(r))
+            self.pools.set_rule(rules[-1])
         targets: List[str] = []
         for pat in args.get("targets", []):
             targets.extend(hostpattern.expand(pat))
@@ -129,17 +143,16 @@ class ExploreService(Service):
         live_names = {n.name for n in head.nodes() if n.up}
         fresh: List[str] = []
         seen = set(live_names)
+        pooled = []
         for t in targets:
-            if t not in seen:
+            pool = self.pools.pool_for(t)
+            if pool is not None:
+                if pool not in pooled:
+                    pooled.append(pool)
+            elif t not in seen:
                 seen.add(t)
                 fresh.append(t)
-        children: Dict[str, int] = {}
-        for n in head.nodes():
-            if n.up and n.parent is not None:
-                children[n.parent] = children.get(n.parent, 0) + 1
-        live = [spanning_tree.PlanNode("id:" + n.id, n.names() + (["head"] if n.id == wire.HEAD else []),
-                                       n.id.count("."), children.get(n.id, 0), fanout)
-                for n in head.nodes() if n.up and not n.role]
+        live = self._live_plan_nodes(fanout)
 
         def fanout_for(target: str, rule: use_rules.UseRule) -> int:
             return int(rule.options.get("fanout")
@@ -157,8 +170,49 @@ class ExploreService(Service):
         for a in plan.assignments:
             if a.parent.startswith("id:"):
                 self._dispatch(ex, a, a.parent[3:])
+        ex.pools = pooled
         ex.planning = False
         self._maybe_done(ex)
+
+    def _pool_started(self, ex: Exploration, name: str, ok: bool, why: str) -> None:
+        ex.pool_pending -= 1
+        if ok:
+            ex.up.append(name)
+        else:
+            self._fail(ex, name, why or "failed")
+        self._maybe_done(ex)
+
+    def _live_plan_nodes(self, fanout: int) -> List[spanning_tree.PlanNode]:
+        """The up explored nodes, as the planner sees them."""
+        children: Dict[str, int] = {}
+        for n in self.head.nodes():
+            if n.up and n.parent is not None:
+                children[n.parent] = children.get(n.parent, 0) + 1
+        return [spanning_tree.PlanNode("id:" + n.id, n.names() + (["head"] if n.id == wire.HEAD else []),
+                                       n.id.count("."), children.get(n.id, 0), fanout)
+                for n in self.head.nodes() if n.up and not n.role]
+
+    def spawn_agent(self, rule: use_rules.UseRule, target: str, timeout: float) -> Tuple[int, str, str]:
+        """An elastic pool's agent `target`, by `rule`, under the best explored
+        node its source names: (request, child id, parent id)."""
+        fanout = int(rule.options.get("fanout") or 8)
+        plan = spanning_tree.plan(self._live_plan_nodes(fanout), [target], [rule],
+                                  lambda t, r: fanout)
+        if not plan.assignments:
+            raise ValueError(plan.unreachable.get(target) or "no explored node reaches %s" % target)
+        parent = plan.assignments[0].parent[3:]
+        head = self.tree_host
+        child = head.new_child_id(parent)
+        spec = {k: v for k, v in rule.options.items() if not k.startswith("elastic")}
+        spec["name"] = rule.channel
+        spec["timeout"] = timeout
+        req = head.new_req()
+        head.spawn(parent, {"op": "spawn", "req": req, "child": child, "target": target,
+                            "channel": spec, "timeout": timeout})
+        return req, child, parent
+
+    def stat(self) -> Dict[str, Any]:
+        return {"elastic": self.pools.stat()} if self.pools.pools else {}
 
     def _dispatch(self, ex: Exploration, a: spanning_tree.Assignment, parent: str) -> None:
         if a.rule.channel == "local":
@@ -211,7 +265,7 @@ class ExploreService(Service):
         """A `spawned` for one of our spawns (True), or not ours (False)."""
         entry = self.spawn_reqs.pop(msg["req"], None)
         if entry is None:
-            return False
+            return self.pools.spawned(src, msg)
         self._local_done(msg["req"])
         ex, a, child = entry
         ex.pending.pop(msg["req"], None)
@@ -232,7 +286,18 @@ class ExploreService(Service):
             self._fail(ex, waiting.target, "not explored: its gateway %s failed" % target)
 
     def _maybe_done(self, ex: Exploration) -> None:
-        if ex.planning or ex.pending or ex.waiting or ex.queued:
+        if ex.planning or ex.pending or ex.waiting or ex.queued or ex.pool_pending:
+            return
+        pools, ex.pools = ex.pools, []
+        ex.planning = bool(pools)    # a start that fails at once answers in here
+        for pool in pools:           # now that the gateways this explore brings up are up
+            started, error = self.pools.explore(pool, ex.timeout, functools.partial(
+                self._pool_started, ex))
+            ex.pool_pending += started
+            if error:
+                self._fail(ex, pool.rule.dst, error)
+        ex.planning = False
+        if ex.pool_pending:
             return
         if self.explorations.pop(ex.key, None) is None:
             return
@@ -241,6 +306,7 @@ class ExploreService(Service):
                         {"up": ex.up, "failed": ex.failed, "seconds": round(elapsed, 3)})
 
     def node_lost(self, lost: str, reason: str) -> None:
+        self.pools.node_lost(lost)
         # Local bootstraps queued under the lost subtree will never start.
         for queue in self.local_queue.values():
             for item in [q for q in queue if wire.is_descendant(q[2], lost)]:

@@ -57,6 +57,11 @@ class JobTable:
         self.seq += 1
         return self.seq
 
+    def runs_on(self, nid: str) -> bool:
+        """Some job still runs on `nid` (asked only as an elastic pool releases
+        a node, so a scan of the jobs)."""
+        return any(rec.nodes.get(nid, 0) is None for rec in self.jobs.values())
+
     def announce(self, client: str, job: int) -> None:
         """The client heard of `job`, which starts later: hold what it sends the job."""
         self.announced[(client, job)] = []

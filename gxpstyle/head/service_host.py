@@ -9,7 +9,19 @@ Head-only, and the head's own: services import head_api, never this module.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Collection,
+    Dict,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+)
 
 from gxpstyle.api.head_api import Env, NodeView
 from gxpstyle.api.interfaces import Shell
@@ -131,6 +143,13 @@ class ServiceHost:
     def retire_role(self, node: str) -> None:
         self._head.retire_role(node)
 
+    # -- agents on demand -------------------------------------------------------------
+    def demand(self, waiting_since: Sequence[float], busy: Collection[str]) -> None:
+        self._head.explorer.pools.demand(self._name, waiting_since, busy)
+
+    def agents_on_demand(self) -> bool:
+        return any(p.hi > 0 for p in self._head.explorer.pools.pools.values())
+
     # -- node sides and other services ------------------------------------------------
     def send_node(self, node: str, mtype: str, body: Dict[str, Any]) -> None:
         self._head.send_node(self.owner, node, mtype, body)
@@ -157,6 +176,30 @@ class TreeHost(ServiceHost):
     def spawn(self, parent: str, msg: Dict[str, Any]) -> None:
         """A `spawn` to `parent` (the explorer hears its `spawned`)."""
         self._head.send(parent, msg)
+
+    # -- what elastic pools do to their agents (elastic.py) ------------------------
+    def unspawn(self, parent: str, child: str) -> None:
+        """`parent` stops bringing `child` up (a batch job still queued is cancelled)."""
+        self._head.send(parent, {"op": "unspawn", "child": child})
+
+    def mark_leaving(self, nid: str, reason: str) -> None:
+        """Node `nid` is being released: no longer up, so nothing is placed on it."""
+        n = self._head.tree.get(nid)
+        if n is not None and n.state == "up":
+            n.state, n.reason = "leaving", reason
+
+    def quit_node(self, nid: str) -> None:
+        """Tell a leaving node to quit (its batch job ends with it)."""
+        n = self._head.tree.get(nid)
+        if n is not None and n.state == "leaving":
+            self._head.send(nid, {"op": "quit"})
+
+    def services(self) -> List[Service]:
+        return list(self._head.services)
+
+    def runs_jobs(self, nid: str) -> bool:
+        """A job of the job table (any service's) still runs on `nid`."""
+        return self._head.job_table.runs_on(nid)
 
 
 def id_key(nid: str) -> List[int]:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import os
 
+COMMAND_WAIT = 60.0   # seconds sbatch/qsub/scancel/qdel may take
+CLOSE_WAIT = 15.0     # seconds a quitting node waits for those in flight, in all
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are strings
-    from typing import Any, Callable, Dict
+    from typing import Any, Callable, Dict, List, Tuple
 
     from gxpstyle.launch import child_bootstrap
     from gxpstyle.node.agent import Node
@@ -28,8 +31,23 @@ class BatchStarts:
         self.listener: Any = None   # link_auth.Listener, made on first use (ssl is slow to import)
         self.waiting: Dict[str, child_bootstrap.ChildStart] = {}
         self.tokens: Dict[str, bytes] = {}
+        # Submits and cancels in flight: [thread, argv, result or None, done, ran]
+        self.running: List[list] = []
+        self.closing = False
 
     def close(self) -> None:
+        """At quit: finish the submits and cancels in flight before the loop
+        stops (a job submitted as we quit is cancelled, not left in the
+        queue), within CLOSE_WAIT in all; what they call runs here, at once."""
+        import time
+        self.closing = True
+        deadline = time.monotonic() + CLOSE_WAIT
+        while self.running:
+            item = self.running.pop(0)
+            item[0].join(max(0.0, deadline - time.monotonic()))
+            if item[2] is not None and not item[4]:
+                item[4] = True
+                item[3](*item[2])
         if self.listener is not None:
             self.listener.close()
 
@@ -120,16 +138,34 @@ class BatchStarts:
         cs.attach(rfd, wfd, None, need_marker=False)
 
     def run_async(self, argv: list, done: Callable[[int, str, str], None]) -> None:
-        """Run a short command in a thread; `done(rc, stdout, stderr)` on the loop."""
-        import subprocess
+        """Run a short command in a thread; `done(rc, stdout, stderr)` on the
+        loop. While closing, at once, here."""
         import threading
+        if self.closing:
+            done(*_run_command(argv))
+            return
+        item: list = [None, argv, None, done, False]
+
+        def finish() -> None:
+            if item in self.running:
+                self.running.remove(item)
+            if not item[4]:
+                item[4] = True
+                done(*item[2])
+
         def work() -> None:
-            try:
-                p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                                   timeout=60)
-                result = (p.returncode, p.stdout.decode("utf-8", "replace"),
-                          p.stderr.decode("utf-8", "replace"))
-            except (OSError, subprocess.TimeoutExpired) as e:
-                result = (127, "", "%s: %s" % (argv[0], getattr(e, "strerror", None) or e))
-            self.node.loop.call_soon_threadsafe(lambda: done(*result))
-        threading.Thread(target=work, daemon=True).start()
+            item[2] = _run_command(argv)
+            self.node.loop.call_soon_threadsafe(finish)
+        item[0] = threading.Thread(target=work, daemon=True)
+        self.running.append(item)
+        item[0].start()
+
+
+def _run_command(argv: list) -> Tuple[int, str, str]:
+    import subprocess
+    try:
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=COMMAND_WAIT)
+        return (p.returncode, p.stdout.decode("utf-8", "replace"),
+                p.stderr.decode("utf-8", "replace"))
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return (127, "", "%s: %s" % (argv[0], getattr(e, "strerror", None) or e))

@@ -37,8 +37,12 @@ QUIT_GRACE = 3.0
 
 def module_source(module: Any) -> str:
     """Source of a shipped module, on the head (from its file) or on an agent (kept
-    in memory by the loader)."""
+    in memory by the loader, as the gxpstyle package's __gxp_sources__: a gateway
+    that submits batch jobs writes link_auth's into their scripts)."""
     src = getattr(module, "__gxp_source__", None)
+    if src is None:
+        shipped = getattr(sys.modules.get("gxpstyle"), "__gxp_sources__", None) or {}
+        src = shipped.get(module.__name__)
     if src is None:
         import inspect
         src = inspect.getsource(module)
@@ -293,6 +297,16 @@ class Node:
                 cs._finish(False, "channel %s is not available on %s" % (channel, self.name))
         except (channels.ChannelError, OSError) as e:
             cs._finish(False, str(e))
+        except Exception as e:      # a bug answers at once, not at the spawn's timeout
+            self.log_failure("spawn of %s" % child, e)
+            cs._finish(False, "internal error: %s" % describe_error(e))
+
+    def op_unspawn(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        """The head gave up a child still starting: a batch job still in the
+        queue is cancelled (its kill hook), and `spawned` says so."""
+        cs = self.starting.get(msg["child"]) if src == wire.HEAD else None
+        if cs is not None:
+            cs._finish(False, "cancelled: no longer needed")
 
     def op_exec(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         if msg.get("notify"):

@@ -140,6 +140,8 @@ SCHEMA: Dict[str, Rec] = {
                   "timeout": Num(0, 1e9)}, open=True),
     "spawned": Rec({"req": _REQ, "child": _ID, "ok": Bool(), "reason": _TEXT, "info": NODE_INFO},
                    open=True),
+    # the head no longer wants `child` (an elastic pool's job still queued)
+    "unspawn": Rec({"child": _ID}, open=True),
     "lost": Rec({"ids": ListOf(_ID, 1 << 16), "reason": _TEXT}, open=True),
     "quit": Rec(open=True),
     "bye": Rec({"id": _ID}, open=True),

@@ -272,18 +272,24 @@ def plan(stat: Dict[str, Any], cwd: str, shared: bool = False) -> str:
     it is: `shared`)."""
     nodes = [n for n in stat.get("nodes", []) if n["state"] == "up" and n["id"] != "0"
              and not n.get("role")]
-    if not nodes:
+    # An elastic pool (use --elastic) adds agents while recipes wait, on
+    # whichever hosts its queue gives: recipes go through the head even
+    # before one is up, and they may run on other hosts.
+    pools = [p for p in stat.get("elastic") or [] if p.get("max")]
+    if not nodes and not pools:
         return "here"
     # Nodes on this very machine (local agents, or any channel that came back
     # to this host) see our files as we do.
     here = [n["hostname"] for n in stat.get("nodes", []) if n["id"] == "0"]
-    if shared or all(n["hostname"] in here for n in nodes):
+    if shared or (not pools and all(n["hostname"] in here for n in nodes)):
         return "remote"
     if not on_shared_mount(cwd, stat.get("mounts", [])):
         mounts = ", ".join(stat.get("mounts", [])) or "none yet: gxpc mount EXPORT MOUNTPOINT"
-        raise MakeUsage("%s is not on the session's shared mount (%s); recipes on other hosts "
+        raise MakeUsage("%s is not on the session's shared mount (%s); recipes on other hosts%s "
                         "would not see it. cd there, say it is on a file system they share (gxpc make "
-                        "--shared), or use gxpc make --local" % (cwd, mounts))
+                        "--shared), or use gxpc make --local"
+                        % (cwd, mounts, " (an elastic pool's agents, wherever its queue starts them)"
+                           if pools else ""))
     return "remote"
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from gxpstyle.config import safe_paths
 
@@ -51,7 +51,7 @@ def check_output(path: str) -> str:
 Bar = Tuple[str, str, float, float, int]
 
 
-def _record(path: str, n: int, raw: bytes) -> Bar:
+def _record(path: str, n: int, raw: bytes) -> Optional[Bar]:
     try:
         if b"\0" in raw:
             raise UnicodeDecodeError("utf-8", raw, 0, 1, "NUL")
@@ -60,6 +60,8 @@ def _record(path: str, n: int, raw: bytes) -> Bar:
         raise PlotError("%s:%d: not text (not a gxpc make --trace file)" % (path, n)) from None
     try:
         rec = json.loads(line)
+        if rec.get("kind") == "pool":
+            return None          # an elastic pool's change: not a bar
         if rec.get("kind") not in ("recipe", "transfer"):
             raise ValueError
         start, end, node = float(rec["start"]), float(rec["end"]), str(rec["node"])
@@ -100,6 +102,8 @@ def read_trace(path: str) -> List[Bar]:
             if not raw.strip():
                 continue
             rec = _record(path, n, raw)
+            if rec is None:
+                continue
             nodes.add(rec[1])
             if len(nodes) > MAX_NODES:
                 raise PlotError("%s: more than %d nodes; plot draws a row per node, %d at most"

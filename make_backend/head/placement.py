@@ -28,6 +28,10 @@ already holds of the recipe's inputs, and the recipe's hints:
   GXP_PLACE=soft, they are preferred like a data holder instead (and
   when none of them is up, the recipe runs elsewhere).
 - GXP_SLOTS=N: the recipe takes N of a node's slots.
+- by load, make's -j may put more recipes on a node than it has slots; not
+  while the session grows agents on demand (an elastic pool, `use
+  --elastic`): then a recipe waits for a free slot, so the pool sees it
+  waiting and adds agents (`bound`).
 - the WOSS hints on the output's directory (`setfattr -n user.sshfsmux.dp`):
   `local` makes locality HARD for the recipe; `collocation:GROUP` sends every
   recipe of GROUP after the first to the node the first one took (SOFT).
@@ -138,9 +142,12 @@ class Placement:
         return lambda n: n.id == on or any(pat.match(x) for x in n.names)
 
     def decide(self, nodes: Sequence[NodeView], held: Dict[str, int], total: int, hints: Hints,
-               waited_since: float, now: float, masks: Dict[str, set[str]]) -> Decision:
+               waited_since: float, now: float, masks: Dict[str, set[str]],
+               bound: bool = False) -> Decision:
         """`held`: input bytes by host (from the catalog); `total`: the inputs'
-        size the catalog knows; `waited_since`: when this recipe first asked."""
+        size the catalog knows; `waited_since`: when this recipe first asked.
+        With `bound` (the session grows agents on demand) a recipe no free
+        slot takes waits for one instead of crowding the least busy node."""
         need = max(1, hints.slots)
         pool = list(nodes)
         on_soft = bool(hints.on) and hints.place == "soft"
@@ -201,9 +208,13 @@ class Placement:
             if now - waited_since < delay:
                 return Decision(None, "waiting up to %.3gs for %s" % (delay, preferred[0].names[0]),
                                 retry_at=waited_since + delay)
+            if bound and not others:
+                return Decision(None, "waiting for a free slot")
             pick = self._fallback(others or pool, local, total)
             return self._take(pick, "%s busy past %.3gs%s; load" % (preferred[0].names[0], delay, fetching),
                               held, total, group)
+        if bound and not any(free(n) for n in pool):
+            return Decision(None, "waiting for a free slot")
         return self._take(self._least_busy(pool), "load" if not hints.on else
                           "GXP_ON=%s, load" % hints.on, held, total, group)
 

@@ -9,6 +9,16 @@ reply held. When a recipe ends, the mounts act on its files (ReplicaAPI.files_ch
 caches dropped everywhere, outputs into the catalog) before the `settled`
 verb answers, so make hears a success only once every node sees the outputs
 complete. A service of the core (gxpstyle/api/services.py).
+
+Elastic pools (`gxpc use ... --elastic MIN-MAX`): at the end of each loop
+round in which its books changed, the service tells the core its demand
+(HeadAPI.demand: when each waiting recipe first asked, and the nodes its
+recipes hold, placed ones still copying their inputs included); the core
+grows and shrinks the pools. A node the core releases is marked leaving
+first, which takes it out of the nodes a recipe may be placed on
+(Shell.select_nodes gives up nodes only; _try checks again); the core asks
+holds_node before it marks, so a recipe placed but not started keeps its node.
+Pool events go to each running make's --trace.
 """
 from __future__ import annotations
 
@@ -83,6 +93,7 @@ class MakeService(Service):
         # client -> (generation, the session's env it was built on, node -> environment)
         self.bases: Dict[str, Tuple[int, Dict[str, Optional[str]], Dict[str, Dict[str, Optional[str]]]]] = {}
         self.base_gen = 0
+        self._demand_due = False
 
     def verbs(self) -> Dict[str, Verb]:
         return {"job": Verb(self.req_job, JOB_ARGS), "env": Verb(self.req_env, ENV_ARGS),
@@ -111,6 +122,7 @@ class MakeService(Service):
             self.slot_books.finished(key)
         for key in [k for k in self.started if k[0] == client]:
             del self.started[key]
+        self._demand_changed()
 
     def node_up(self, nid: str) -> None:
         if self.waiting:        # a recipe waiting for any free slot may run there
@@ -124,6 +136,28 @@ class MakeService(Service):
     def stat(self) -> Dict[str, Any]:
         return dict(self.transfers.stat(), make_waiting=len(self.waiting))
 
+    # -- elastic pools ---------------------------------------------------------------
+    def _demand_changed(self) -> None:
+        """Tell the core the demand once this loop round's changes are in."""
+        if self._demand_due:
+            return
+        self._demand_due = True
+
+        def tell() -> None:
+            self._demand_due = False
+            self.head.demand([w.since for w in self.waiting], self.slot_books.running.keys())
+        self.head.at_end(tell)
+
+    def holds_node(self, nid: str) -> bool:
+        return nid in self.slot_books.running
+
+    def pool_changed(self, event: str, pool: str, what: str, up: int) -> None:
+        now = time.time()
+        for cid in self.envs:
+            trace = self.transfers.trace(cid)
+            if trace is not None:
+                trace.pool(event, pool, what, up, now)
+
     # -- placement -----------------------------------------------------------------
     def req_job(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         """One recipe: place it (or hold it until its node has a slot), then run it."""
@@ -131,6 +165,7 @@ class MakeService(Service):
         if not self._try(w):
             self.waiting.append(w)
             self._arm()
+        self._demand_changed()
 
     def _try(self, w: Waiting) -> bool:
         """Place and start `w`; False if it must wait."""
@@ -145,7 +180,7 @@ class MakeService(Service):
         views = []
         for n in nodes:
             info = head.node(n)
-            if info is not None:
+            if info is not None and info.up:      # never a node leaving its pool
                 views.append(NodeView(n, info.names(), info.hostname, info.slots,
                                       self.slot_books.running.get(n, 0)))
         held_by_node, total = self.replicas.bytes_by_node(args.get("inputs") or [])
@@ -157,7 +192,7 @@ class MakeService(Service):
         hints = Hints(on=str(args.get("on") or ""), place=str(args.get("place") or ""),
                       slots=slots, dp=str(args.get("dp") or ""))
         d = self.placement.decide(views, held, total, hints, w.since, time.monotonic(),
-                                  self.shell.saved_masks())
+                                  self.shell.saved_masks(), bound=head.agents_on_demand())
         if d.error:
             head.reply(w.cid, w.req, 1, {"error": d.error})
             return True
@@ -197,6 +232,7 @@ class MakeService(Service):
             if not self._try(w):
                 self.waiting.append(w)
         self._arm()
+        self._demand_changed()
 
     def _run(self, cid: str, req: int, args: Dict[str, Any], nid: str, slots: int,
              why: Dict[str, Any]) -> None:
@@ -284,6 +320,7 @@ class MakeService(Service):
             self.replicas.files_changed(node, paths, lambda: self._acted(key), complete=False)
         if self.waiting:
             self._retry()
+        self._demand_changed()
 
     def _acted(self, key: Tuple[str, int]) -> None:
         s = self.settling.get(key)

@@ -5,6 +5,13 @@
     {"kind": "transfer", "node": "tb05", "file": "/mnt/gx/ref.fa", "bytes": 104857600,
      "start": 1.7e9, "end": 1.7e9, "mode": "push", "source": "tb01"}
 
+    {"kind": "pool", "event": "up", "pool": "slurm head job[[1-8]]", "what": "job3",
+     "up": 3, "time": 1.7e9}
+
+A pool line is an elastic pool's change while the make runs (gxpstyle/head/
+elastic.py): `event` submit (a batch job for agent `what`), up, release (the
+agent is marked leaving and told to quit), gone, cancel (a queued job
+cancelled), lost, failed (`what` says why); `up` is the pool's agents up then.
 `recipe` is the first line of the recipe's command. Times are seconds since
 the epoch (the head's clock). A transfer line is written when the copy is in
 place on its node (adopted by the mount); `source` is the holder the copy
@@ -43,6 +50,10 @@ class TraceFile:
         self._write({"kind": "transfer", "node": node, "file": path, "bytes": nbytes,
                      "start": round(start, 6), "end": round(end, 6), "mode": mode,
                      "source": source})
+
+    def pool(self, event: str, pool: str, what: str, up: int, when: float) -> None:
+        self._write({"kind": "pool", "event": event, "pool": pool, "what": what, "up": up,
+                     "time": round(when, 6)})
 
     def close(self) -> None:
         if not self.f.closed:

@@ -61,6 +61,8 @@ def test_example_file_loads():
     assert gw and gw[0].channel == "ssh"
     slurm = [r for r in cfg.use if r.channel == "slurm"][0]
     assert slurm.options["queue"] and slurm.options["job_time"] == "1:00:00"
+    burst = [r for r in cfg.use if "elastic" in r.options]
+    assert [r.options["elastic"] for r in burst] == ["0-32"]
     assert cfg.explore and cfg.clusters
     assert cc.loads(cfg.to_yaml()) == cfg
 
@@ -89,6 +91,9 @@ def test_every_cli_option_is_accepted():
             batch_options: ["-l", "nodes=1"]
             connect_host: head.example.org
             job_time: "0:30:00"
+            elastic: 0-9
+            elastic_wait: 2
+            elastic_idle: 30.5
           - {channel: local, from: head, to: loc1}
           - {channel: rsh, from: head, to: r1, user: u}
           - {channel: paramiko, from: head, to: p1, port: 22}
@@ -100,6 +105,8 @@ def test_every_cli_option_is_accepted():
         "ssh_options": ["-oBatchMode=yes"], "identity_file": "~/.ssh/id",
         "fanout": 3, "timeout": 7.5}
     assert cfg.use[2].options["batch_options"] == ["-l", "nodes=1"]
+    assert (cfg.use[2].options["elastic"], cfg.use[2].options["elastic_wait"],
+            cfg.use[2].options["elastic_idle"]) == ("0-9", 2, 30.5)
 
 
 def test_plain_scalars_read_as_text_where_text_is_wanted():
@@ -246,6 +253,15 @@ ERRORS = [
     ("use:\n  - channel: ssh\n    from: head\n    to: a\n    user: true\n", 5,
      "user must be a string"),
     ("use:\n  - channel: sh\n    from: head\n    to: a\n", 2, "channel sh needs a template"),
+    # elastic pools (issue 27): the line of the option at fault
+    ("use:\n  - channel: slurm\n    from: head\n    to: 'j[[1-4]]'\n    elastic_wait: 2\n"
+     "    elastic: 9-1\n", 6, "elastic 9-1: MIN is more than MAX"),
+    ("use:\n  - channel: slurm\n    from: head\n    to: a\n    elastic_idle: 5\n", 5,
+     "option 'elastic_idle' needs 'elastic' (MIN-MAX agents"),
+    ("use:\n  - channel: slurm\n    from: head\n    to: 'j[[1-4]]'\n    elastic: 0-4\n"
+     "    elastic_wait: -3\n", 6, "option 'elastic_wait' must be from 0 to 86400 (seconds), got -3"),
+    ("use:\n  - channel: torque\n    from: head\n    to: 'j[[1-2]]'\n    elastic: 0-3\n", 5,
+     "elastic 0-3: 'j[[1-2]]' names only 2 agents"),
     ("use:\n  - channel: ssh\n    from: head\n    to: tb[[04-01]]\n", 4,
      "to: bad host pattern 'tb[[04-01]]': range 04-01 runs backwards"),
     ("use:\n  - channel: ssh\n    from: 'he ad['\n    to: a\n", 3, "from: bad host pattern"),

@@ -32,6 +32,24 @@ BAD = [
     (["use", "ssh", "head"], "give both a source and a destination"),
     (["use", "bogus", "a", "b"], "use: unknown channel 'bogus'"),
     (["use", "--port", "22"], "use: options need a rule"),
+    # elastic pools of batch agents (issue 27)
+    (["use", "slurm", "head", "j[[1-8]]", "--elastic", "4-2"], "use: elastic 4-2: MIN is more than MAX"),
+    (["use", "slurm", "head", "j[[1-8]]", "--elastic", "0-5000"],
+     "use: elastic MAX must be from 0 to 4096 (agents), got 5000"),
+    (["use", "slurm", "head", "j[[1-8]]", "--elastic=-1-2"], "use: elastic must be MIN-MAX agents"),
+    (["use", "slurm", "head", "j[[1-8]]", "--elastic", "eight"],
+     "use: elastic must be MIN-MAX agents, e.g. 0-16, got 'eight'"),
+    (["use", "slurm", "head", "j[[1-4]]", "--elastic", "0-8"], "use: elastic 0-8: 'j[[1-4]]' names only 4"),
+    (["use", "torque", "head", "j*", "--elastic", "0-2"], "use: elastic: 'j*' cannot name the pool's agents"),
+    (["use", "ssh", "head", "j1", "--elastic", "0-1"], "use: option 'elastic' does not apply to channel ssh"),
+    (["use", "slurm", "head", "j1", "--elastic-wait", "3"],
+     "use: --elastic-wait and --elastic-idle need --elastic"),
+    (["use", "slurm", "head", "j1", "--elastic", "0-1", "--elastic-wait", "-1"],
+     "use: --elastic-wait must be from 0 to 86400 (seconds), got -1"),
+    (["use", "slurm", "head", "j1", "--elastic", "0-1", "--elastic-idle", "1e9"],
+     "use: --elastic-idle must be from 0 to 604800 (seconds)"),
+    (["use", "slurm", "head", "j1", "--elastic", "0-1", "--elastic-idle", "nan"],
+     "use: --elastic-idle must be a number"),
     (["export", "=x"], "export: a variable needs a name"),
     (["export", "1A=b"], "export: '1A' is not a variable name"),
     (["export", "A-B=b"], "export: 'A-B' is not a variable name"),
@@ -101,3 +119,17 @@ def test_no_session_e_stat_and_quit():
     r = subprocess.run([gxpc, "quit"], capture_output=True, text=True, env=env, timeout=30)
     assert r.returncode == 0 and r.stderr == ""
     assert not os.path.exists(os.path.dirname(env["GXP_SESSION"]))
+
+
+def test_use_help_gives_the_elastic_defaults_the_head_applies():
+    """gxpc keeps its own copy of the defaults (it must not import use_rules
+    for every command): they must be the head's."""
+    from gxpstyle.config import use_rules
+    from gxpstyle.gxpc import cli
+    assert (cli._ELASTIC_WAIT, cli._ELASTIC_IDLE) == (use_rules.ELASTIC_WAIT, use_rules.ELASTIC_IDLE)
+    r = subprocess.run([os.path.join(venv_dir(), "bin", "gxpc"), "use", "--help"],
+                       capture_output=True, text=True, timeout=30)
+    help_text = " ".join(r.stdout.split())
+    assert r.returncode == 0 and "--elastic MIN-MAX batch: a pool of MIN to MAX agents" in help_text
+    assert "--elastic-wait SECONDS" in help_text and "(0 to 86400, default 5)" in help_text
+    assert "--elastic-idle SECONDS" in help_text and "(0 to 604800, default 60)" in help_text

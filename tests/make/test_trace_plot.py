@@ -18,6 +18,9 @@ LINES = [
     {"kind": "transfer", "node": "tb03", "file": "/mnt/gx/p1", "bytes": 1 << 20, "start": 104.8,
      "end": 105.0, "mode": "pull", "source": "tb02"},
     {"kind": "recipe", "node": "tb03", "recipe": "align p1", "start": 105.0, "end": 107.0, "status": 0},
+    # an elastic pool's change (issue 27): read, not drawn
+    {"kind": "pool", "event": "up", "pool": "slurm head el[[1-8]]", "what": "el1", "up": 1,
+     "time": 101.0},
 ]
 
 
@@ -67,3 +70,9 @@ def test_without_matplotlib_it_says_how_to_install_it(tmp_path):
     assert r.stderr.strip() == ("gxpc: plot: plotting needs matplotlib: pip install "
                                 "'gxpstyle[plot]' (or pip install matplotlib)"), r.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+def test_pool_lines_are_read_not_drawn(tmp_path):
+    from make_backend.command.trace_plot import read_trace
+    recs = read_trace(_trace(tmp_path))
+    assert [r[0] for r in recs] == ["push", "push", "pull", "recipe"]
