@@ -176,3 +176,9 @@ class ReplicaAPI:
         """done() once every keeper's copies on `node`'s host show every change
         the keepers have heard of (before a recipe starts there)."""
         raise NotImplementedError
+
+    def sync(self, done: Callable[[], None]) -> None:
+        """done() once every change made so far on any node (through a mount)
+        has reached the keepers and the copies that hold its directory (as a
+        make starts: what the user did before it, its recipes see)."""
+        raise NotImplementedError

@@ -172,6 +172,17 @@ class ReplicaService(Service, ReplicaAPI):
                 log_exception(self.head.log, "settle")
                 one()
 
+    def sync(self, done: Callable[[], None]) -> None:
+        """Every keeper that can (ReplicaKeeper.sync) syncs; done() then."""
+        syncing = [k for k in self.keepers if callable(getattr(k, "sync", None))]
+        one = after(len(syncing), done)
+        for k in syncing:
+            try:
+                k.sync(one)     # type: ignore[attr-defined]
+            except Exception:
+                log_exception(self.head.log, "sync")
+                one()
+
     def pin(self, node: str, paths: List[str], pin: bool, done: Callable[[], None]) -> None:
         """Every keeper pins (unpins) `paths` on `node`'s host; done() once all did."""
         if not paths or not self.keepers:

@@ -110,7 +110,8 @@ class MakeService(Service):
                                           % (args.get("trace"), e.strerror or e)})
             return
         self.bases.pop(cid, None)
-        self.head.reply(cid, req, 0, {})
+        # what was done through the mounts before make started, its recipes see
+        self.replicas.sync(lambda: self.head.reply(cid, req, 0, {}))
 
     def client_closed(self, client: str) -> None:
         self.envs.pop(client, None)

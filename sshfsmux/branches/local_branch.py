@@ -40,7 +40,10 @@ if TYPE_CHECKING:
 
 # flags a branch passes to open(2); the kernel already resolved O_APPEND into
 # offsets, so it must not be applied twice.
-_PASS_FLAGS = (os.O_ACCMODE | os.O_CREAT | os.O_EXCL | os.O_TRUNC
+# O_APPEND too: a write then lands at the file's end whatever offset the
+# kernel gives (its idea of the size is stale when another node appended:
+# recipes on several nodes doing `echo $@ >> build.log`)
+_PASS_FLAGS = (os.O_ACCMODE | os.O_CREAT | os.O_EXCL | os.O_TRUNC | os.O_APPEND
                | getattr(os, "O_SYNC", 0) | getattr(os, "O_DSYNC", 0))
 
 

@@ -100,9 +100,15 @@ class KernelCache:
             if rc == 0:
                 dropped += 1
             elif rc == -errno.ENOENT:
-                if self.session:
+                # a name this node's export holds was made through this
+                # mount (the kernel's entry for it is that very change's) or
+                # behind its back (the timeout bounds it): its dentry stays;
+                # dropping it could race the create and give the name a new
+                # inode under a reader (cp: "replaced while being copied")
+                here = exists(p) if exists is not None else False
+                if self.session and not here:
                     self._drop_entry(p, ids)
-                if exists is not None and not exists(p):
+                if exists is not None and not here:
                     continue
             d = os.path.dirname(p) or "/"
             if d not in seen:

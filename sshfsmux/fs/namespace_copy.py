@@ -181,6 +181,19 @@ class NamespaceCopy:
             else:
                 listing.pop(name, None)
 
+    def forget_all(self) -> List[str]:
+        """The copy missed changes: every listing is fetched again at the next
+        look. Returns the paths it held (names and directories), whose
+        kernel entries are to be dropped."""
+        with self.lock:
+            paths = ["/" + key for key in self.dirs if key]
+            for key, listing in self.dirs.items():
+                paths.extend("/" + (key + "/" if key else "") + n for n in listing)
+            self.dirs.clear()
+            self.asked.clear()
+            self.looked.clear()
+        return paths
+
     def forget_under(self, paths: Iterable[str]) -> None:
         """Directories renamed or removed: their listings (and those below) are
         fetched again at the next look."""

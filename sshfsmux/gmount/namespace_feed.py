@@ -8,8 +8,10 @@ exports and are left out), with a `listing` call, and from then on keeps
 that node among the directory's subscribers: every change the catalog takes
 under it (a mount's change feed, a recipe's outputs, a node lost) goes to
 each subscriber as an `ns` call, the changes of one loop round in one call
-per node. Before every node's export is in the catalog (the scans after a
-mount), listings wait.
+per node, numbered per node: a node that finds a number skipped drops its
+copy and fetches the listings again (`GXP_TEST_NS_DROP=HOST:N` in the
+daemon's environment skips the Nth call to HOST's mount, for tests). Before every node's export is
+in the catalog (the scans after a mount), listings wait.
 
 Memory: a set of service ids per directory some node looked into.
 
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from gxpstyle.api.head_api import HeadAPI
 
 Entries = Dict[str, List[List[Any]]]     # name -> [[node name, size, mtime, mode], ...]
+DROP_ENV = "GXP_TEST_NS_DROP"
 
 
 def key_of(rel: str) -> Tuple[str, str]:
@@ -77,6 +80,12 @@ class NamespaceFeed:
         self.waiters: List[Tuple[int, Callable[[], None]]] = []
         self.flush_armed = False
         self.directories_listed = 0
+        # each mount service's `ns` calls are numbered: a node that sees a
+        # number skipped knows its copy missed changes (namespace_copy: gap)
+        self.sent: Dict[str, int] = {}
+        # a fault for tests: HOST:N, the Nth `ns` call to HOST's mount is not sent
+        host, _, nth = (os.environ.get(DROP_ENV) or "").partition(":")
+        self.drop = (host, int(nth)) if nth.isdigit() else None
 
     def add_mount(self, mountpoint: str) -> MountFeed:
         feed = self.mounts[mountpoint] = MountFeed(mountpoint)
@@ -88,6 +97,7 @@ class NamespaceFeed:
     def service_gone(self, sid: str) -> None:
         for feed in self.mounts.values():
             feed.drop(sid)
+        self.sent.pop(sid, None)
 
     # -- listings ------------------------------------------------------------------
     def entries(self, mountpoint: str, key: str, names: Any = None) -> Entries:
@@ -185,8 +195,16 @@ class NamespaceFeed:
                 if not self.unanswered[gen]:
                     del self.unanswered[gen]
                     self._release()
-            self.head.call_role(sid, "ns", {"dirs": dirs}, answered)
+            seq = self.sent[sid] = self.sent.get(sid, 0) + 1
+            if self.drop is not None and self.drop == (self._host(sid), seq):
+                answered(True, "", {})
+                continue
+            self.head.call_role(sid, "ns", {"dirs": dirs, "seq": seq}, answered)
         self._release()
+
+    def _host(self, sid: str) -> str:
+        node = self.head.node(sid)
+        return node.hostname if node is not None else ""
 
     def _release(self) -> None:
         """done() of every waiter whose generation and all before it are answered."""

@@ -17,6 +17,7 @@ import errno
 import os
 import subprocess
 import threading
+import time
 
 from gxpstyle.api.node_side import NodeSide
 
@@ -36,11 +37,11 @@ if TYPE_CHECKING:
     Reply = Callable[..., None]
 
 MOUNT_WAIT = 20.0
-# seconds of changes made through the mount sent as one answer: a burst
-# (tar, configure, a recipe's outputs) goes to the head and back to the
-# other nodes in a few rounds instead of one round per change, well inside
-# the interactive bound (README: 100 ms); a recipe's own changes do not
-# wait for it (they go with its exit status, the "changed" call)
+# seconds of changes made through the mount sent as one answer: the first
+# change after a quiet spell goes at once, a burst (tar, configure) then
+# goes to the head and back to the other nodes in a few rounds instead of a
+# round per change, well inside the interactive bound (README: 100 ms); a
+# recipe's own changes go with its exit status (the "changed" call)
 COALESCE = 0.02
 CHANGES_PAGE = 5000     # paths an answer describes; the rest wait for the next call
 MAX_PENDING = 100000    # paths kept between answers (more: the catalog misses some)
@@ -109,6 +110,7 @@ class ChangesWaiting:
         self.local: Set[str] = set()
         self.reply: Optional[Reply] = None
         self.armed = False
+        self.last_flush = 0.0       # time.monotonic() of the last answer
 
 
 class GMountNode(NodeSide):
@@ -140,6 +142,7 @@ class GMountNode(NodeSide):
         self.go = threading.Event()         # the runner may start FUSE (or give up)
         self.settled = threading.Event()    # FUSE is up, or failed, or stopped
         self.changes_waiting = ChangesWaiting()
+        self.ns_seq: Optional[int] = None   # the last `ns` call's number (_gap)
         self.watch: Any = None            # ExportWatch, while mounted with peers
         # off the loop, in order: dropping kernel entries (it may wait for
         # the kernel), and work that may wait for the disk or the peers
@@ -267,7 +270,7 @@ class GMountNode(NodeSide):
         if fs is None or fs.namespace is None:
             reply(True, "", {})
             return
-        paths = fs.namespace.update(args.get("dirs") or {})
+        paths = self._gap(args.get("seq")) + fs.namespace.update(args.get("dirs") or {})
         fs.forget_access(paths)
         kc = self.kcache
         if kc is None or not paths:
@@ -281,6 +284,19 @@ class GMountNode(NodeSide):
                 self.log("cannot drop kernel caches: %s" % e)
             self.in_loop(reply, True, "", {})
         self.kernel_work.put(work)
+
+    def _gap(self, seq: Any) -> List[str]:
+        """The head numbers its `ns` calls: one skipped (a change this copy
+        never heard of) makes the copy start over (namespace_copy.forget_all);
+        returns the names whose kernel entries go with it."""
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            return []
+        last, self.ns_seq = self.ns_seq, seq
+        if last is None or seq == last + 1:
+            return []
+        self.log("gmount: namespace changes %d to %d never came: every listing is fetched "
+                 "again" % (last + 1, seq - 1))
+        return self.fs.namespace.forget_all()
 
     def _fuse_ready(self) -> None:
         from sshfsmux.fs.kernel_cache import KernelCache
@@ -473,12 +489,16 @@ class GMountNode(NodeSide):
             if w.armed or w.reply is None or not (w.paths or w.local):
                 return
             w.armed = True
-        self.node.loop.call_later(COALESCE, self._flush_changes)
+        # the first change after a quiet spell goes at once; a burst waits
+        # out COALESCE from the answer before it
+        wait = COALESCE - (time.monotonic() - w.last_flush)
+        self.node.loop.call_later(max(0.0, wait), self._flush_changes)
 
     def _flush_changes(self) -> None:
         w = self.changes_waiting
         with w.lock:
             w.armed = False
+            w.last_flush = time.monotonic()
             reply, paths, local = w.reply, w.paths, w.local - w.paths
             if reply is None or not (paths or local):
                 return

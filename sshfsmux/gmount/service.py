@@ -37,6 +37,7 @@ from sshfsmux.fs import mount_nesting
 from sshfsmux.gmount import file_records
 from sshfsmux.gmount.namespace_feed import NamespaceFeed
 from sshfsmux.gmount.node import NODE_MODULES as MODULES  # the mount code's own list
+from sshfsmux.gmount.recipe_changes import RecipeChanges
 
 if TYPE_CHECKING:
     from gxpstyle.api.head_api import HeadAPI
@@ -73,7 +74,7 @@ class Mount:
     scans: int = 0                                       # exports not yet in the catalog
 
 
-class GMountService(Service):
+class GMountService(RecipeChanges, Service):
     """GMount's head side, and a ReplicaKeeper (interfaces.py) of the replica
     service: it feeds the catalog and keeps copies in its replica stores."""
     name = "gmount"
@@ -290,130 +291,6 @@ class GMountService(Service):
         """Files under a mountpoint are what a mount caches (ReplicaAPI.watched)."""
         return list(self.mounts)
 
-    def files_changed(self, node: str, paths: List[str], done: Callable[[], None],
-                      complete: bool = True) -> None:
-        """Write-on-exit: every live mount drops its kernel caches for `paths`
-        and the mount of the host that ran the recipe (it holds what the
-        recipe wrote: creates land in the local export) describes them for
-        the catalog, with what its change feed holds (not `complete`: a
-        failed recipe's files: every mount drops them, none describes them,
-        the host's change feed still comes); done() once every mount has
-        answered (or is lost).
-        The recipes that end in one loop round share one `changed` call per
-        mount service (two where some of them ran on its host)."""
-        if not self._changes:
-            self.head.at_end(self._send_changes)
-        self._changes.append((node, paths, done, complete))
-
-    def _send_changes(self) -> None:
-        batch, self._changes = self._changes, []
-        # (mountpoint, service id) -> [described rels, other rels], each in order, once
-        calls: Dict[Any, List[Dict[str, None]]] = {}
-        waiting: List[Callable[[], None]] = []
-        feeds: Set[Any] = set()       # (mountpoint, nid, sid): failed recipes' hosts
-        for node, paths, done, complete in batch:
-            writer = self.head.node(node)
-            host = writer.hostname if writer is not None else None
-            if not complete:
-                # the host's feed comes; every mount drops the files
-                feeds.update(self._services_on(host, paths))
-                host = None
-            touched = False
-            for p in paths:
-                p = os.path.normpath(p)
-                m = self._mount_of(p)
-                if m is None:
-                    continue
-                rel = os.path.relpath(p, m.mountpoint)
-                for nid, sid in m.services.items():
-                    there = self.head.node(nid)
-                    if not self.head.is_up(sid) or there is None:
-                        continue
-                    holder = there.hostname == host
-                    if not holder and host is not None and len(m.services) > 1:
-                        # the holder describes them and the namespace feed
-                        # tells the nodes holding the directory, if anything
-                        # changed; the others hold nothing of it
-                        # (namespace_copy.py). A failed recipe's files are
-                        # described by nobody: every mount drops them.
-                        continue
-                    touched = True
-                    lists = calls.setdefault((m.mountpoint, nid, sid), [{}, {}])
-                    lists[0 if holder else 1][rel] = None
-            if touched:
-                waiting.append(done)
-            else:
-                done()
-        pending: Set[Any] = set()
-
-        def acted(key: Any) -> None:
-            pending.discard(key)
-            if not pending:
-                for done in waiting:
-                    done()
-
-        sends = []
-        for (mp, nid, sid), (described, others) in calls.items():
-            for holder, rels in ((True, list(described)), (False, [r for r in others if r not in described])):
-                if rels:
-                    pending.add((sid, holder))
-                    sends.append((self.mounts[mp], nid, sid, rels, holder))
-        for mount, nid, sid, rels, holder in sends:
-            feed = not holder and (mount.mountpoint, nid, sid) in feeds
-
-            def answered(ok: bool, error: str, result: Dict[str, Any], m: Mount = mount,
-                         nid: str = nid, sid: str = sid, rels: List[str] = rels,
-                         holder: bool = holder) -> None:
-                if ok:
-                    changed = self._record(m, nid, rels, result.get("files") or []) if holder else []
-                    # and what the recipe changed besides its targets (automake's
-                    # .deps/*.Po renamed into place), from that node's change feed
-                    changed += self._take_copies(m, result.get("copies"))
-                    # the nodes holding these directories take the change before make hears
-                    self.feed.touched(m.mountpoint, changed, lambda: acted((sid, holder)))
-                    return
-                self.head.log("gmount: %s: changed files: %s" % (self._name(nid), error))
-                acted((sid, holder))
-            self.head.call_role(sid, "changed", {"paths": rels, "describe": holder, "feed": feed},
-                                answered)
-
-    def _services_on(self, host: Optional[str], paths: List[str]) -> List[Any]:
-        """(mountpoint, node id, service id) of each mount holding one of
-        `paths` served on `host`."""
-        out = []
-        for p in paths:
-            m = self._mount_of(os.path.normpath(p))
-            if m is None or not host:
-                continue
-            for nid, sid in m.services.items():
-                there = self.head.node(nid)
-                if there is not None and there.hostname == host and self.head.is_up(sid):
-                    out.append((m.mountpoint, nid, sid))
-        return out
-
-    def _record(self, m: Mount, nid: str, rels: List[str], files: List[Any]) -> List[str]:
-        """The catalog takes what node `nid`'s export holds of `rels`;
-        returns those whose entry changed (what the nodes' copies must hear)."""
-        before = {rel: self.catalog.entry(os.path.join(m.mountpoint, rel)) for rel in rels}
-        seen = set()
-        unstored: Set[str] = set()
-        for f in file_records.parse(file_records.DescribedFile, files):
-            seen.add(f.rel)
-            if (nid, f.rel) in m.adopted:            # the export's own file now
-                m.adopted.discard((nid, f.rel))
-                unstored.add(f.rel)
-            self.catalog.add(os.path.join(m.mountpoint, f.rel), nid, f.size, f.mtime, f.sha256,
-                             f.mode)
-        for rel in rels:
-            # not a file here (removed, or a directory), unless a copy was
-            # put in its replica store (an unlink through a mount removes
-            # the name everywhere: _watch)
-            if rel not in seen and (nid, rel) not in m.adopted:
-                self.catalog.remove(os.path.join(m.mountpoint, rel), nid)
-        return [rel for rel in rels
-                if self.catalog.entry(os.path.join(m.mountpoint, rel)) != before.get(rel)
-                or rel in unstored]
-
     # -- planned transfers (make_backend/head/transfer_plan.py) ------------------------
     def _service_on(self, node: str, path: str) -> Optional[tuple]:
         """(mount, node id, service id) of the mount holding `path` served on
@@ -448,11 +325,6 @@ class GMountService(Service):
             done(ok, error, nid)
         self.head.call_role(sid, "adopt", {"file": file, "path": rel}, answered)
         return True
-
-    def settle(self, node: str, done: Callable[[], None]) -> None:
-        """A recipe is about to start on `node`: done() once every change the
-        head has sent the nodes' namespace copies is taken (namespace_feed)."""
-        self.feed.barrier(done)
 
     def pin_replicas(self, node: str, paths: List[str], pin: bool,
                      done: Callable[[], None]) -> None:

@@ -70,7 +70,7 @@ def test_changes_go_to_the_holders_of_the_directory_and_done_waits_for_every_ear
     feed.touched(MP, ["src/b.c"])
     head.end_round()
     (sid, call, args, answer_first), = head.calls
-    assert (sid, call, args) == ("s1", "ns", {"dirs": {"src": {"b.c": [["n1", 5, 4.0, REG]]}}})
+    assert (sid, call, args) == ("s1", "ns", {"dirs": {"src": {"b.c": [["n1", 5, 4.0, REG]]}}, "seq": 1})
     # a recipe's output, pushed while the first push is unanswered: make
     # hears only once both are taken (and a recipe starts only then)
     catalog.remove(MP + "/src/a.c")
@@ -79,7 +79,8 @@ def test_changes_go_to_the_holders_of_the_directory_and_done_waits_for_every_ear
     head.end_round()
     feed.barrier(lambda: started.append(1))
     answer_second = head.calls[-1][3]
-    assert head.calls[-1][2] == {"dirs": {"src": {"a.c": []}}}
+    # numbered per node: a node that sees a number skipped starts its copy over
+    assert head.calls[-1][2] == {"dirs": {"src": {"a.c": []}}, "seq": 2}
     answer_second(True, "", {})
     assert taken == [] and started == []
     answer_first(True, "", {})
@@ -104,3 +105,22 @@ def test_a_nodes_copy_never_waits_and_drops_what_it_found_meanwhile():
     assert [h[0] for h in ns.holders("/src/new")] == ["n1", "n3"]
     ns.forget_under(["/src"])
     assert ns.count() == 0 and ns.holders("/src/new") is None
+
+
+def test_a_directory_made_here_is_answered_at_once_and_a_gap_starts_the_copy_over():
+    asked = []
+    copy = NamespaceCopy(asked.append)
+    copy.made_dir("/d")
+    assert asked == [["d"]]
+    assert copy.holders("/d/x") == ()          # known empty: no wait, no peer asked
+    # the head's listing: x appeared on n2 meanwhile; this lookup of it comes back
+    # (the kernel may keep the miss: its entry is dropped)
+    assert copy.fill({"d": {"x": [["n2", 1, 1.0, REG]]}}) == ["/d/x"]
+    assert copy.holders("/d/x") == (("n2", 1, 1.0, REG),)
+    # the same holders again (this mount's own change coming back): nothing to drop
+    assert copy.update({"d": {"x": [["n2", 1, 1.0, REG]]}}) == []
+    assert copy.update({"d": {"x": []}}) == ["/d/x"]
+    # a gap in the head's calls: every listing goes, with the names to drop
+    copy.update({"d": {"y": [["n3", 2, 2.0, REG]]}})
+    assert sorted(copy.forget_all()) == ["/d", "/d/y"]
+    assert copy.holders("/d/y") is None and asked[-1] == ["d"]

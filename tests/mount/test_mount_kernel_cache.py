@@ -72,3 +72,13 @@ def test_every_name_loses_its_dentry_negative_ones_too(tmp_path):
     # directory alone); a directory is asked first whether the kernel knows
     # it (it holds no name of one it does not), stat'ed only if it does
     assert lib.calls == ["/w/new", "/w", "/top", "/w/known", "/w", "/w/x", "/gone/y", "/gone"]
+
+
+def test_a_name_in_this_nodes_export_keeps_its_dentry(tmp_path):
+    """Made through this mount (or behind its back, which the timeout bounds):
+    dropping its dentry could race the create and give a reader a new inode."""
+    (tmp_path / "w").mkdir()
+    lib = FakeLowLevel({"/w"})
+    kc = KernelCache(lib, 1, mountpoint=str(tmp_path))
+    kc.invalidate_paths(["/w/mine", "/w/theirs"], exists=lambda p: p == "/w/mine")
+    assert lib.entries == [((tmp_path / "w").stat().st_ino, "theirs")]

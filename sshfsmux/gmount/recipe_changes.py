@@ -1,0 +1,184 @@
+"""GMount's head side of make's recipes: write-on-exit and the order of changes.
+
+When a recipe ends, the mount of the host that ran it describes its files
+for the catalog, with what its change feed holds (a failed recipe's files
+are described by nobody: every mount drops them); the nodes holding those
+directories take the change before make hears the recipe ended. Before a
+recipe starts, its node's copy holds every change the head has sent
+(settle); as a make starts, every mount's change feed reaches the catalog
+(sync). A mixin of GMountService (service.py).
+
+Head side.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set
+
+from gxpstyle.api.services import after
+from sshfsmux.gmount import file_records
+
+if TYPE_CHECKING:
+    from gxpstyle.api.head_api import HeadAPI
+    from gxpstyle.api.interfaces import ReplicaAPI
+    from sshfsmux.gmount.namespace_feed import NamespaceFeed
+    from sshfsmux.gmount.service import Mount
+
+
+class RecipeChanges:
+    if TYPE_CHECKING:       # what GMountService supplies (for type checkers only)
+        head: HeadAPI
+        catalog: ReplicaAPI
+        feed: NamespaceFeed
+        mounts: Dict[str, Mount]
+        _changes: List[Any]
+
+        def _mount_of(self, path: str) -> Optional[Mount]: ...
+        def _name(self, nid: str) -> str: ...
+        def _take_copies(self, m: Mount, items: Any) -> List[str]: ...
+
+    def files_changed(self, node: str, paths: List[str], done: Callable[[], None],
+                      complete: bool = True) -> None:
+        """Write-on-exit: every live mount drops its kernel caches for `paths`
+        and the mount of the host that ran the recipe (it holds what the
+        recipe wrote: creates land in the local export) describes them for
+        the catalog, with what its change feed holds (not `complete`: a
+        failed recipe's files: every mount drops them, none describes them,
+        the host's change feed still comes); done() once every mount has
+        answered (or is lost).
+        The recipes that end in one loop round share one `changed` call per
+        mount service (two where some of them ran on its host)."""
+        if not self._changes:
+            self.head.at_end(self._send_changes)
+        self._changes.append((node, paths, done, complete))
+
+    def _send_changes(self) -> None:
+        batch, self._changes = self._changes, []
+        # (mountpoint, service id) -> [described rels, other rels], each in order, once
+        calls: Dict[Any, List[Dict[str, None]]] = {}
+        waiting: List[Callable[[], None]] = []
+        feeds: Set[Any] = set()       # (mountpoint, nid, sid): failed recipes' hosts
+        for node, paths, done, complete in batch:
+            writer = self.head.node(node)
+            host = writer.hostname if writer is not None else None
+            if not complete:
+                # the host's feed comes; every mount drops the files
+                feeds.update(self._services_on(host, paths))
+                host = None
+            touched = False
+            for p in paths:
+                p = os.path.normpath(p)
+                m = self._mount_of(p)
+                if m is None:
+                    continue
+                rel = os.path.relpath(p, m.mountpoint)
+                for nid, sid in m.services.items():
+                    there = self.head.node(nid)
+                    if not self.head.is_up(sid) or there is None:
+                        continue
+                    holder = there.hostname == host
+                    if not holder and host is not None and len(m.services) > 1:
+                        # the holder describes them and the namespace feed
+                        # tells the nodes holding the directory, if anything
+                        # changed; the others hold nothing of it
+                        # (namespace_copy.py). A failed recipe's files are
+                        # described by nobody: every mount drops them.
+                        continue
+                    touched = True
+                    lists = calls.setdefault((m.mountpoint, nid, sid), [{}, {}])
+                    lists[0 if holder else 1][rel] = None
+            if touched:
+                waiting.append(done)
+            else:
+                done()
+        pending: Set[Any] = set()
+
+        def acted(key: Any) -> None:
+            pending.discard(key)
+            if not pending:
+                for done in waiting:
+                    done()
+
+        sends = []
+        for (mp, nid, sid), (described, others) in calls.items():
+            for holder, rels in ((True, list(described)), (False, [r for r in others if r not in described])):
+                if rels:
+                    pending.add((sid, holder))
+                    sends.append((self.mounts[mp], nid, sid, rels, holder))
+        for mount, nid, sid, rels, holder in sends:
+            feed = not holder and (mount.mountpoint, nid, sid) in feeds
+
+            def answered(ok: bool, error: str, result: Dict[str, Any], m: Mount = mount,
+                         nid: str = nid, sid: str = sid, rels: List[str] = rels,
+                         holder: bool = holder) -> None:
+                if ok:
+                    changed = self._record(m, nid, rels, result.get("files") or []) if holder else []
+                    # and what the recipe changed besides its targets (automake's
+                    # .deps/*.Po renamed into place), from that node's change feed
+                    changed += self._take_copies(m, result.get("copies"))
+                    # the nodes holding these directories take the change before make hears
+                    self.feed.touched(m.mountpoint, changed, lambda: acted((sid, holder)))
+                    return
+                self.head.log("gmount: %s: changed files: %s" % (self._name(nid), error))
+                acted((sid, holder))
+            self.head.call_role(sid, "changed", {"paths": rels, "describe": holder, "feed": feed},
+                                answered)
+
+    def _services_on(self, host: Optional[str], paths: List[str]) -> List[Any]:
+        """(mountpoint, node id, service id) of each mount holding one of
+        `paths` served on `host`."""
+        out = []
+        for p in paths:
+            m = self._mount_of(os.path.normpath(p))
+            if m is None or not host:
+                continue
+            for nid, sid in m.services.items():
+                there = self.head.node(nid)
+                if there is not None and there.hostname == host and self.head.is_up(sid):
+                    out.append((m.mountpoint, nid, sid))
+        return out
+
+    def _record(self, m: Mount, nid: str, rels: List[str], files: List[Any]) -> List[str]:
+        """The catalog takes what node `nid`'s export holds of `rels`;
+        returns those whose entry changed (what the nodes' copies must hear)."""
+        before = {rel: self.catalog.entry(os.path.join(m.mountpoint, rel)) for rel in rels}
+        seen = set()
+        unstored: Set[str] = set()
+        for f in file_records.parse(file_records.DescribedFile, files):
+            seen.add(f.rel)
+            if (nid, f.rel) in m.adopted:            # the export's own file now
+                m.adopted.discard((nid, f.rel))
+                unstored.add(f.rel)
+            self.catalog.add(os.path.join(m.mountpoint, f.rel), nid, f.size, f.mtime, f.sha256,
+                             f.mode)
+        for rel in rels:
+            # not a file here (removed, or a directory), unless a copy was
+            # put in its replica store (an unlink through a mount removes
+            # the name everywhere: _watch)
+            if rel not in seen and (nid, rel) not in m.adopted:
+                self.catalog.remove(os.path.join(m.mountpoint, rel), nid)
+        return [rel for rel in rels
+                if self.catalog.entry(os.path.join(m.mountpoint, rel)) != before.get(rel)
+                or rel in unstored]
+
+    def settle(self, node: str, done: Callable[[], None]) -> None:
+        """A recipe is about to start on `node`: done() once every change the
+        head has sent the nodes' namespace copies is taken (namespace_feed)."""
+        self.feed.barrier(done)
+
+    def sync(self, done: Callable[[], None]) -> None:
+        """Every live mount sends what its change feed holds, the catalog takes
+        it and the nodes holding those directories hear it; done() then."""
+        calls = [(m, nid, sid) for m in self.mounts.values() for nid, sid in m.services.items()
+                 if self.head.is_up(sid)]
+        one = after(len(calls), done)
+        for m, nid, sid in calls:
+            def answered(ok: bool, error: str, result: Dict[str, Any], m: Mount = m,
+                         nid: str = nid) -> None:
+                if not ok:
+                    self.head.log("gmount: %s: sync: %s" % (self._name(nid), error))
+                    one()
+                    return
+                self.feed.touched(m.mountpoint, self._take_copies(m, result.get("copies")), one)
+            self.head.call_role(sid, "changed", {"paths": [], "describe": False, "feed": True},
+                                answered)
