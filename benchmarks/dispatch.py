@@ -6,6 +6,7 @@ after `scripts/install`:
 
     /opt/gxpstyle/venv/bin/python benchmarks/dispatch.py                 # 2,000 and 10,000 recipes, 3 reps
     /opt/gxpstyle/venv/bin/python benchmarks/dispatch.py --recipes 2000 --reps 1 --hosts 0   # about 30 s
+    /opt/gxpstyle/venv/bin/python benchmarks/dispatch.py --recipes 2000 --reps 3   # issue 26's figures
 
 GNU parallel is an anchor (installed with apt-get when missing; without it
 those rows are left out and the report says so).
@@ -23,10 +24,15 @@ What it does:
     parallel      `parallel -j32 'echo {} >/dev/null'` over the same N names, here;
   and with hosts:
     mount make    plain `make -j32` in the GMount (what the mount itself costs make);
+    bindfs make   plain `make -j32` in bindfs (a C FUSE file system, the ceiling of
+                  any FUSE mount here) over a directory of the head's /tmp, the
+                  file system the head's export is on (installed like parallel);
     hosts gmount  `gxpc make -j32` in the GMount, every recipe on a test-bed host;
     hosts shared  `gxpc make --shared -j32` in a directory of the root file system, which
                   the hosts share with the head (only their /tmp and scratch are
                   their own): the dispatch to 8 hosts without the mount's cost;
+    wide gmount   `gxpc make -j32` in the GMount of a session of --wide hosts
+                  (default 32; 0: none): what more nodes cost a miss and a change;
     parallel ssh  `parallel -j4 -S td01,...,td08 --controlmaster` (4 a host, 32
                   in all), the same commands over ssh to the same hosts (up to
                   --ssh-max recipes: an ssh session a job is slow).
@@ -38,7 +44,9 @@ What it does:
 * Prints medians: wall seconds, recipes/s, CPU ms per recipe (own and session),
   and the ratio to plain make (recipes/s of the case / plain make's).
   The goal of issue 14: at least 1,000/s and 0.5x plain make (0.25x the floor),
-  and 500/s on 8 hosts. All of it shares this machine's CPUs (with anything
+  and 500/s on 8 hosts. Issue 26's: hosts gmount at least 0.8x hosts shared;
+  mount make at least 0.8x bindfs make and 0.3x make; wide gmount at least
+  0.8x hosts gmount. All of it shares this machine's CPUs (with anything
   else running on it: the report shows the load average before each count).
 
 The session is quit and the user removed whatever happens (Ctrl-C, SIGTERM,
@@ -53,13 +61,16 @@ import shutil
 import sys
 import uuid
 
+from bindfs_anchor import BindfsMount
+
 from bench_harness import GXPC, Bench, BenchError, ensure_anchor, log, main_driver, ratio_text, user_pids
 
 # isort: split
 import testbed  # noqa: E402  (bench_harness put tests/ on the path)
 
 JOBS = 32
-CASES = ("make", "gxpc make", "parallel", "mount make", "hosts gmount", "hosts shared", "parallel ssh")
+CASES = ("make", "gxpc make", "parallel", "mount make", "bindfs make", "hosts gmount", "hosts shared",
+         "wide gmount", "parallel ssh")
 GOAL_RATE, GOAL_RATIO, FLOOR_RATIO = 1000.0, 0.5, 0.25
 
 MAKEFILE = """N := $(shell seq 1 %d)
@@ -102,9 +113,14 @@ class Dispatch(Bench):
     name = "dispatch.py"
     call_timeout = 600
 
-    def __init__(self, counts: list, reps: int, agents: int, hosts: int, ssh_max: int) -> None:
+    def __init__(self, counts: list, reps: int, agents: int, hosts: int, ssh_max: int,
+                 wide: int = 0) -> None:
         super().__init__(log)
         self.counts, self.reps, self.agents, self.hosts = counts, reps, agents, hosts
+        self.wide = wide if hosts else 0
+        self.bindfs = ensure_anchor("bindfs", "bindfs") if hosts else False
+        self.bindfs_mount = None
+        self.wide_session = self.wide_mnt = self.bindfs_dir = None
         self.ssh_max = ssh_max
         self.parallel = ensure_anchor("parallel", "parallel")
         self.host_names: list = []
@@ -116,11 +132,12 @@ class Dispatch(Bench):
         if not shutil.which("make"):
             raise BenchError("GNU make is not installed")
         tag = uuid.uuid4().hex[:8]
-        names = self.host_names = ["td%02d" % i for i in range(1, self.hosts + 1)]
+        every = ["td%02d" % i for i in range(1, max(self.hosts, self.wide) + 1)]
+        names = self.host_names = every[:self.hosts]
         if names:
             self.open_fuse()
-            log("%s: test bed of %d hosts" % (self.name, len(names)))
-            self.bed_up(names, "gxpdsp")
+            log("%s: test bed of %d hosts" % (self.name, len(every)))
+            self.bed_up(every, "gxpdsp")
         else:
             self.bed = testbed.TestBed()
             self.user = self.bed.add_user("gxpdsp" + uuid.uuid4().hex[:6])
@@ -138,8 +155,30 @@ class Dispatch(Bench):
             self.gxpc("e", "mkdir -p %s %s" % (export, self.mnt))
             self.made_dirs += [export, self.mnt]   # the head's own, removed after the teardown
             self.gxpc("mount", export, self.mnt)
+        if self.wide:
+            self._wide_gmount(every, tag)
+        if self.bindfs:
+            # after the bed's hosts: a namespace made later would hold a copy of it
+            src, mnt = "/tmp/gxpdsp-bsrc-" + tag, "/tmp/gxpdsp-bmnt-" + tag
+            for d in (src, mnt):
+                self.make_dir(d)
+            self.bindfs_mount = BindfsMount(self, src, mnt)
+            self.bindfs_dir = mnt
+        elif names:
+            self.odd.append("bindfs could not be installed: no bindfs anchor")
         if not self.parallel:
             self.odd.append("GNU parallel could not be installed: no parallel anchor")
+
+    def _wide_gmount(self, every: list, tag: str) -> None:
+        """A third session: every host of the bed explored, a GMount of theirs."""
+        self.session = self.wide_session = os.path.join(self.top, "wsession")
+        export, self.wide_mnt = "/tmp/gxpdsp-wexp-" + tag, "/tmp/gxpdsp-wmnt-" + tag
+        log("%s: explore %d hosts, mount" % (self.name, len(every)))
+        self.gxpc("use", "ssh", "head", "td*")
+        self.gxpc("explore", *every)
+        self.gxpc("e", "mkdir -p %s %s" % (export, self.wide_mnt))
+        self.made_dirs += [export, self.wide_mnt]
+        self.gxpc("mount", export, self.wide_mnt)
 
     def _dir(self, n: int) -> str:
         d = os.path.join(self.top, "n%d" % n)
@@ -151,9 +190,9 @@ class Dispatch(Bench):
                     f.write(text)
         return d
 
-    def _mounted_dir(self, n: int) -> str:
-        """The makefile in the GMount, written by the user (root may not enter it)."""
-        d = os.path.join(self.mnt, "n%d" % n)
+    def _mounted_dir(self, n: int, mnt: str) -> str:
+        """The makefile in a FUSE mount, written by the user (root may not enter it)."""
+        d = os.path.join(mnt, "n%d" % n)
         r = self.bed.run_as(self.user.name, ["sh", "-c", 'mkdir -p "$1" && cat > "$1/Makefile"', "sh", d],
                             env=self.env(), input=MAKEFILE % n, capture_output=True, text=True,
                             timeout=self.call_timeout)
@@ -214,10 +253,16 @@ class Dispatch(Bench):
                 cases.append(("parallel", [self.parallel, "-j%d" % JOBS, "echo {} >/dev/null"],
                               os.path.join(d, "names"), d))
             if self.host_session:
-                mounted = self._mounted_dir(n)
+                mounted = self._mounted_dir(n, self.mnt)
                 on_hosts = [GXPC, "--session", self.host_session, "make", "-j%d" % JOBS]
-                cases += [("mount make", make, "", mounted), ("hosts gmount", on_hosts, "", mounted),
+                cases.append(("mount make", make, "", mounted))
+                if self.bindfs_dir:
+                    cases.append(("bindfs make", make, "", self._mounted_dir(n, self.bindfs_dir)))
+                cases += [("hosts gmount", on_hosts, "", mounted),
                           ("hosts shared", on_hosts[:-1] + ["--shared"] + on_hosts[-1:], "", d)]
+                if self.wide_session:
+                    cases.append(("wide gmount", [GXPC, "--session", self.wide_session, "make",
+                                                  "-j%d" % JOBS], "", self._mounted_dir(n, self.wide_mnt)))
                 if self.parallel and n <= self.ssh_max:
                     per_host = max(1, JOBS // len(self.host_names))
                     cases.append(("parallel ssh", [self.parallel, "-j%d" % per_host, "--controlmaster",
@@ -236,6 +281,14 @@ class Dispatch(Bench):
                     self.add(key + " session ms", session * 1000.0 / n)
 
     def release(self) -> None:
+        if self.bindfs_mount is not None:
+            self.guarded("unmounting bindfs", self.bindfs_mount.unmount)
+            self.bindfs_mount = None
+        if self.wide_session is not None:
+            self.session = self.wide_session
+            if self.wide_mnt:
+                self.gxpc("umount", self.wide_mnt, check=False)
+            self.quit_session()
         if self.host_session is not None:
             self.session = self.host_session
             if self.mnt:
@@ -247,6 +300,23 @@ class Dispatch(Bench):
         left = self.settle(0)
         if left:
             self.kill_survivors(left)
+
+    def _namespace_goals(self, n: int, anchor: float) -> list:
+        """Issue 26's ratios, where both sides were measured."""
+        out = []
+        rate = {c: self.med("%s %d rate" % (c, n)) for c in CASES}
+        rate["make"] = anchor
+        for ours, base, goal, what in (
+                ("hosts gmount", "hosts shared", 0.8, "gxpc make in the GMount / in a shared directory"),
+                ("mount make", "bindfs make", 0.8, "plain make in the GMount / in bindfs"),
+                ("mount make", "make", 0.3, "plain make in the GMount / on local disk"),
+                ("wide gmount", "hosts gmount", 0.8,
+                 "gxpc make in the GMount of %d hosts / of %d" % (self.wide, self.hosts))):
+            if rate.get(ours) and rate.get(base):
+                x = rate[ours] / rate[base]
+                out.append("%d recipes, %s: %.2fx (goal at least %.1fx: %s)"
+                           % (n, what, x, goal, _holds(x >= goal)))
+        return out
 
     def report(self) -> None:
         print("trivial recipes at -j%d, %d local agents, median of %d; CPU per recipe in ms "
@@ -272,6 +342,7 @@ class Dispatch(Bench):
                 if hosts is not None:
                     verdicts.append("%d recipes on %d hosts (%s): %.0f/s (goal 500/s: %s)"
                                     % (n, self.hosts, name.split()[1], hosts, _holds(hosts >= 500)))
+            verdicts += self._namespace_goals(n, anchor)
             ours = self.med("gxpc make %d rate" % n)
             ratio = ours / anchor if ours and anchor else 0.0
             verdicts.append("%d recipes: %.0f/s (goal %.0f/s: %s), %.2fx plain make (goal %.2fx: %s; "
@@ -303,16 +374,18 @@ def main(argv=None) -> int:
     p.add_argument("--agents", type=int, default=4, help="local agents in the session (default 4)")
     p.add_argument("--hosts", type=int, default=8,
                    help="test-bed hosts for a second session (default 8; 0: none)")
+    p.add_argument("--wide", type=int, default=32,
+                   help="test-bed hosts of a third session, a wider GMount (default 32; 0: none)")
     p.add_argument("--ssh-max", type=int, default=2000,
                    help="parallel over ssh only up to this many recipes (default 2000: about 10 "
                         "jobs a second here, 10,000 would take a quarter of an hour)")
     a = p.parse_args(argv)
     counts = a.recipes or [2000, 10000]
     if not all(1 <= n <= 1000000 for n in counts) or not 1 <= a.reps <= 100 or not 1 <= a.agents <= 256 \
-            or not 0 <= a.hosts <= 64:
+            or not 0 <= a.hosts <= 64 or not 0 <= a.wide <= 64:
         p.error("--recipes from 1 to 1000000, --reps from 1 to 100, --agents from 1 to 256, "
-                "--hosts from 0 to 64")
-    return main_driver(Dispatch, counts, a.reps, a.agents, a.hosts, a.ssh_max)
+                "--hosts and --wide from 0 to 64")
+    return main_driver(Dispatch, counts, a.reps, a.agents, a.hosts, a.ssh_max, a.wide)
 
 
 if __name__ == "__main__":

@@ -38,9 +38,13 @@ FUSE_ROOT_ID = 1        # the node id of a mount's root
 class KernelCache:
     """The kernel caches of one running mount."""
 
-    def __init__(self, lib: Any, fuse: Optional[int], mountpoint: str = "") -> None:
+    def __init__(self, lib: Any, fuse: Optional[int], mountpoint: str = "",
+                 dir_held: Optional[Callable[[str], bool]] = None) -> None:
         self.lib = lib
         self.fuse = fuse
+        # whether this mount has looked into a directory ("/a/b"): the kernel
+        # holds no name of one it has not (and stat'ing it could ask the peers)
+        self.dir_held = dir_held
         # names' dentries (negative ones too) are dropped when set
         self.mountpoint = mountpoint
         self.session: Optional[int] = None
@@ -59,7 +63,8 @@ class KernelCache:
             self.session = getattr(lib, "session", None)       # a test's stand-in
 
     @classmethod
-    def capture(cls, mountpoint: str = "") -> KernelCache:
+    def capture(cls, mountpoint: str = "",
+                dir_held: Optional[Callable[[str], bool]] = None) -> KernelCache:
         """Call from the mount's init callback (FUSE's own thread); with
         `mountpoint`, names' dentries are dropped too (see above)."""
         try:
@@ -69,7 +74,7 @@ class KernelCache:
             fuse = ctx.contents.fuse if ctx else None
             if not hasattr(lib, "fuse_invalidate_path"):   # libfuse 2: nothing to call
                 return cls(None, None)
-            return cls(lib, fuse, mountpoint)
+            return cls(lib, fuse, mountpoint, dir_held)
         except Exception:
             return cls(None, None)
 
@@ -126,11 +131,12 @@ class KernelCache:
         d, name = os.path.split(path)
         d = d or "/"
         if d not in ids:
-            # a directory the kernel never looked up holds no name of it
-            # (stat'ing it would look it up: on a node holding no copy of
-            # its parent, by asking every peer)
+            # a directory this mount never looked into holds no name of it in
+            # the kernel (and stat'ing it could ask every peer); the stat of
+            # one it did is the kernel's own answer, or one call answered
+            # from the copy (its attributes are not dropped for this)
             ids[d] = 0
-            if self._drop(d) == 0:
+            if self.dir_held is None or self.dir_held(d):
                 try:
                     ids[d] = os.lstat(self.mountpoint + d).st_ino
                 except OSError:

@@ -23,6 +23,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Set, Tuple
 
 from gxpstyle.api.interfaces import ReplicaAPI
+from gxpstyle.api.services import after
 
 if TYPE_CHECKING:
     from gxpstyle.api.head_api import HeadAPI
@@ -83,6 +84,10 @@ class NamespaceFeed:
         # each mount service's `ns` calls are numbered: a node that sees a
         # number skipped knows its copy missed changes (namespace_copy: gap)
         self.sent: Dict[str, int] = {}
+        self.acked: Dict[str, int] = {}             # the last number each answered
+        # (sid, number, done): done() once sid answered every call up to number
+        self.node_waiters: List[Tuple[str, int, Callable[[], None]]] = []
+        self.node_waiting: List[Tuple[List[str], Callable[[], None]]] = []   # until _send
         # a fault for tests: HOST:N, the Nth `ns` call to HOST's mount is not sent
         host, _, nth = (os.environ.get(DROP_ENV) or "").partition(":")
         self.drop = (host, int(nth)) if nth.isdigit() else None
@@ -98,6 +103,8 @@ class NamespaceFeed:
         for feed in self.mounts.values():
             feed.drop(sid)
         self.sent.pop(sid, None)
+        self._acked(sid, 1 << 62)       # nobody waits for a node that is gone
+        self.acked.pop(sid, None)
 
     # -- listings ------------------------------------------------------------------
     def entries(self, mountpoint: str, key: str, names: Any = None) -> Entries:
@@ -174,6 +181,28 @@ class NamespaceFeed:
         self.waiters.append((self.generation, done))
         self._release()
 
+    def node_barrier(self, sids: List[str], done: Callable[[], None]) -> None:
+        """done() once these mount services have taken every change sent to
+        them so far, and those this loop round is about to send (a recipe
+        about to start on their host: other nodes' acks are not waited for)."""
+        if self.flush_armed:
+            self.node_waiting.append((sids, done))
+            return
+        waits = [(sid, self.sent[sid]) for sid in sids
+                 if self.acked.get(sid, 0) < self.sent.get(sid, 0)]
+        if not waits:
+            done()
+            return
+        self.node_waiters.extend((sid, n, after(len(waits), done)) for sid, n in waits)
+
+    def _acked(self, sid: str, seq: int) -> None:
+        self.acked[sid] = max(seq, self.acked.get(sid, 0))
+        ready = [w for w in self.node_waiters if w[0] == sid and w[1] <= seq]
+        if ready:
+            self.node_waiters = [w for w in self.node_waiters if not (w[0] == sid and w[1] <= seq)]
+            for _sid, _n, done in ready:
+                done()
+
     def _send(self) -> None:
         self.flush_armed = False
         self.generation += 1
@@ -190,17 +219,23 @@ class NamespaceFeed:
         if calls:
             self.unanswered[gen] = len(calls)
         for sid, dirs in calls.items():
-            def answered(ok: bool, error: str, result: Dict[str, Any]) -> None:
+            seq = self.sent[sid] = self.sent.get(sid, 0) + 1
+
+            def answered(ok: bool, error: str, result: Dict[str, Any], sid: str = sid,
+                         seq: int = seq) -> None:
                 self.unanswered[gen] -= 1
                 if not self.unanswered[gen]:
                     del self.unanswered[gen]
                     self._release()
-            seq = self.sent[sid] = self.sent.get(sid, 0) + 1
+                self._acked(sid, seq)
             if self.drop is not None and self.drop == (self._host(sid), seq):
                 answered(True, "", {})
                 continue
             self.head.call_role(sid, "ns", {"dirs": dirs, "seq": seq}, answered)
         self._release()
+        waiting, self.node_waiting = self.node_waiting, []
+        for sids, done in waiting:
+            self.node_barrier(sids, done)
 
     def _host(self, sid: str) -> str:
         node = self.head.node(sid)

@@ -298,11 +298,15 @@ class GMountNode(NodeSide):
                  "again" % (last + 1, seq - 1))
         return self.fs.namespace.forget_all()
 
+    def _dir_held(self, path: str) -> bool:
+        ns = self.fs.namespace if self.fs is not None else None
+        return ns is not None and ns.held(path.strip("/"))
+
     def _fuse_ready(self) -> None:
         from sshfsmux.fs.kernel_cache import KernelCache
         # FUSE's init callback: the one place the mount's `struct fuse *` is
         # visible, kept for the "changed" call (kernel_cache.py)
-        self.kcache = KernelCache.capture(self.cfg.mountpoint)
+        self.kcache = KernelCache.capture(self.cfg.mountpoint, self._dir_held)
         self.up = True
         self.settled.set()
 

@@ -162,9 +162,18 @@ class RecipeChanges:
                 or rel in unstored]
 
     def settle(self, node: str, done: Callable[[], None]) -> None:
-        """A recipe is about to start on `node`: done() once every change the
-        head has sent the nodes' namespace copies is taken (namespace_feed)."""
-        self.feed.barrier(done)
+        """A recipe is about to start on `node`: done() once the mount on its
+        host has taken every change the head has sent it (namespace_feed);
+        the other nodes' answers are not waited for."""
+        info = self.head.node(node)
+        host = info.hostname if info is not None else None
+        sids = []
+        for m in self.mounts.values():
+            for nid, sid in m.services.items():
+                there = self.head.node(nid)
+                if there is not None and there.hostname == host:
+                    sids.append(sid)
+        self.feed.node_barrier(sids, done)
 
     def sync(self, done: Callable[[], None]) -> None:
         """Every live mount sends what its change feed holds, the catalog takes

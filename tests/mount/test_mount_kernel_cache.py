@@ -58,20 +58,21 @@ def test_every_name_loses_its_dentry_negative_ones_too(tmp_path):
     """GMount lets the kernel keep misses: a name that appeared elsewhere
     (the kernel holds no inode for it, the export does not hold it) still
     has its negative dentry dropped, by its directory's node id (the
-    high-level API's st_ino); names under a directory the kernel does not
-    know have none to drop."""
+    high-level API's st_ino); names under a directory this mount never
+    looked into have none to drop."""
     (tmp_path / "w").mkdir()
+    (tmp_path / "gone").mkdir()
     lib = FakeLowLevel({"/w", "/w/known"})
-    kc = KernelCache(lib, 1, mountpoint=str(tmp_path))
+    kc = KernelCache(lib, 1, mountpoint=str(tmp_path), dir_held=lambda d: d in ("/w",))
     kc.invalidate_paths(["/w/new", "/top", "/w/known", "/w/x", "/gone/y"], exists=lambda p: False)
     w = (tmp_path / "w").stat().st_ino
     # a name the kernel holds an inode of keeps its dentry (a directory's is
     # some process's current directory): its attributes go
     assert lib.entries == [(w, "new"), (1, "top"), (w, "x")]
     # the inodes as before (unknown names that are not here leave their
-    # directory alone); a directory is asked first whether the kernel knows
-    # it (it holds no name of one it does not), stat'ed only if it does
-    assert lib.calls == ["/w/new", "/w", "/top", "/w/known", "/w", "/w/x", "/gone/y", "/gone"]
+    # directory alone); a directory this mount never looked into ("/gone")
+    # is not stat'ed: the kernel holds no name of it
+    assert lib.calls == ["/w/new", "/top", "/w/known", "/w", "/w/x", "/gone/y"]
 
 
 def test_a_name_in_this_nodes_export_keeps_its_dentry(tmp_path):
