@@ -18,20 +18,16 @@ The rules (docs/merge-semantics.md says the same, with examples):
   visible version (replicas stay replicas: mtimes are re-aligned after a write).
 - unlink/rmdir: the name goes from every branch holding it (rmdir: ENOTEMPTY if
   the merged directory is not empty).
-- rename: within each branch holding the source (its parent made there if
-  needed); the target is first removed from branches that do not hold the
-  source, so the name has one meaning afterwards.
+- rename: within each branch holding the source (its parent made there if needed);
+  the target is first removed from branches not holding the source (one meaning).
 - xattrs: user.sshfsmux.location (nodes holding a complete copy),
   user.sshfsmux.conflict, hints user.sshfsmux.dp / user.sshfsmux.replication,
   other user.* passed to the visible branch.
-- /.sshfsmux-chain: a virtual read-only file (hidden from readdir) listing
-  host:mountpoint of this mount and of every mount of ours it is built on.
-- /.sshfsmux-branches: the same for the branches: host:path of every branch
-  of this mount and of the mounts it is built on (so that a new mount can
-  refuse to sit inside any of them, or to contain any of them).
+- /.sshfsmux-chain, /.sshfsmux-branches: virtual read-only files (hidden from
+  readdir): host:mountpoint of this mount and every mount of ours it is built
+  on; host:path of their branches (a new mount refuses to sit in any of them).
 
-Every error is an OSError with a proper errno; anything else becomes EIO with
-one log line, never a traceback to the caller.
+Every error is an OSError with its errno; anything else is EIO and a log line.
 
 run_fuse(fs, mountpoint) mounts a MergedFS and serves it (sshfsm, gxpc mount).
 """
@@ -241,6 +237,11 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
             holders.append((b, a))
             if not every and len(holders) == 1 and stat.S_ISDIR(a["st_mode"]):
                 break
+        if not holders and failure is None and self.namespace is not None:
+            # the listing came meanwhile: its answer (the kernel keeps a miss)
+            found = self._view_from_copy(path, every)
+            if found is not None:
+                return found
         if not holders:
             raise failure if failure is not None else _e(errno.ENOENT)
         return self._classified(path, holders)

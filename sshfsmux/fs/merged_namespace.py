@@ -65,7 +65,21 @@ class NamespaceView:
 
     def _view_from_copy(self, path: str, every: bool) -> Optional[View]:
         """The merged view with the copy's remote holders; None while the
-        copy lacks the directory (the caller asks every branch)."""
+        copy lacks the directory (the caller asks every branch). A miss is
+        asked again when the copy changed meanwhile: the kernel keeps a miss,
+        and the change's dropping of it may have come before the miss was
+        in the kernel's tables (a lookup on its way is not among them)."""
+        ns = self.namespace
+        assert ns is not None
+        before = ns.version
+        try:
+            return self._copy_view(path, every)
+        except OSError as e:
+            if e.errno != errno.ENOENT or ns.version == before:
+                raise
+        return self._copy_view(path, every)
+
+    def _copy_view(self, path: str, every: bool) -> Optional[View]:
         holders: List[Tuple[Branch, Dict[str, Any]]] = []
         failure = None
         for b in self.branches:

@@ -59,6 +59,8 @@ class NamespaceCopy:
         # names found by asking every branch while their directory's listing
         # was on its way: the kernel may hold them, unseen by the head's changes
         self.looked: Dict[str, Set[str]] = {}
+        # changes taken so far: a reader that saw it move asks again
+        self.version = 0
 
     # -- reads (FUSE threads) ----------------------------------------------------
     def listing(self, key: str) -> Optional[Listing]:
@@ -136,6 +138,7 @@ class NamespaceCopy:
         dropped: a change before the head listed them reached no one)."""
         found: List[str] = []
         with self.lock:
+            self.version += 1
             for key, names in listings.items():
                 self.dirs[key] = {str(n): holder_tuples(hs) for n, hs in
                                   (names.items() if isinstance(names, dict) else [])}
@@ -151,6 +154,7 @@ class NamespaceCopy:
         kernel's entry for it, made by that very change, stays."""
         touched = []
         with self.lock:
+            self.version += 1
             for key, names in changes.items():
                 listing = self.dirs.get(key)
                 if listing is None or not isinstance(names, dict):
@@ -171,6 +175,7 @@ class NamespaceCopy:
         there): its copy says so at once, before the head's word comes back."""
         d, name = split(path)
         with self.lock:
+            self.version += 1
             listing = self.dirs.get(d)
             if listing is None:
                 return
@@ -186,6 +191,7 @@ class NamespaceCopy:
         look. Returns the paths it held (names and directories), whose
         kernel entries are to be dropped."""
         with self.lock:
+            self.version += 1
             paths = ["/" + key for key in self.dirs if key]
             for key, listing in self.dirs.items():
                 paths.extend("/" + (key + "/" if key else "") + n for n in listing)
@@ -198,6 +204,7 @@ class NamespaceCopy:
         """Directories renamed or removed: their listings (and those below) are
         fetched again at the next look."""
         with self.lock:
+            self.version += 1
             for p in paths:
                 key = p.strip("/")
                 for k in [k for k in self.dirs if k == key or k.startswith(key + "/")]:
