@@ -37,6 +37,14 @@ if TYPE_CHECKING:
     Reply = Callable[..., None]
 
 MOUNT_WAIT = 20.0
+# Whether the kernel keeps missing names (negative entries for the attribute
+# timeout, each dropped through fuse_lowlevel_notify_inval_entry when the head
+# announces the name: kernel_cache.py). Off: on 64 test-bed hosts under heavy
+# load a node's cache thread stuck in the kernel's fuse_reverse_inval_entry
+# (waiting for a directory lock held by a request its FUSE workers never
+# answered) and hung the mount for good; until that is understood a miss
+# costs a call into the mount (answered from the copy, no network).
+KEEP_MISSES = False
 # seconds of changes made through the mount sent as one answer: the first
 # change after a quiet spell goes at once, a burst (tar, configure) then
 # goes to the head and back to the other nodes in a few rounds instead of a
@@ -306,7 +314,7 @@ class GMountNode(NodeSide):
         from sshfsmux.fs.kernel_cache import KernelCache
         # FUSE's init callback: the one place the mount's `struct fuse *` is
         # visible, kept for the "changed" call (kernel_cache.py)
-        self.kcache = KernelCache.capture(self.cfg.mountpoint, self._dir_held)
+        self.kcache = KernelCache.capture(self.cfg.mountpoint if KEEP_MISSES else "", self._dir_held)
         self.up = True
         self.settled.set()
 
@@ -548,9 +556,7 @@ class GMountNode(NodeSide):
         try:
             extra: Dict[str, Any] = dict(allow_other=True, default_permissions=True) \
                 if self.cfg.allow_other else {}
-            if self.fs.namespace is not None:
-                # the kernel keeps misses too: every name that appears is
-                # announced by the head and its dentry dropped (namespace_changed)
+            if self.fs.namespace is not None and KEEP_MISSES:
                 extra["negative_seconds"] = merged_fs.ATTR_SECONDS
             merged_fs.run_fuse(self.fs, self.cfg.mountpoint, foreground=True, **extra)
         except Exception as e:
