@@ -13,7 +13,6 @@ Shipped to agents (the agent re-ships itself): standard library only, Python 3.8
 """
 from __future__ import annotations
 
-import hashlib
 import struct
 import zlib
 
@@ -49,9 +48,12 @@ SIDE_MODULES: List[str] = ["gxpstyle.bcast.direct_links", "gxpstyle.bcast.node"]
 # The one receiver of the agent program, shared by every first stage (a
 # channel's `python3 -c`, a batch job's connect-back script): read exactly a
 # length-prefixed payload from fd F (never to EOF), check its SHA-256, and run it
-# with the link's fds FDS. `_gxp_codes` and `_gxp_fds` are what the loader below
-# expects. Exit codes 97-99 tell the parent which check failed (it reads the
-# channel's exit status). Kept terse: the -c argument carries it, compressed.
+# with the link's fds FDS. `_gxp_codes`, `_gxp_fds` and `_gxp_payload` are what
+# the loader below expects (`_gxp_payload`, the digest and payload as received,
+# lets an agent ship the very same bytes to its children instead of building
+# them again: ~90 ms of CPU per parent). Exit codes 97-99 tell the parent which
+# check failed (it reads the channel's exit status). Kept terse: the -c argument
+# carries it, compressed. `sha256` comes from the stage around it.
 _RECEIVER = r"""
 def r(n):
  b=b''
@@ -63,22 +65,31 @@ def r(n):
 n=struct.unpack('!I',r(4))[0]
 if n>%(max)d:os._exit(98)
 h=r(32);z=r(n)
-if hashlib.sha256(z).digest()!=h:os._exit(99)
+if sha256(z).digest()!=h:os._exit(99)
 d=zlib.decompress(z);i=d.find(b'\0');i=len(d) if i<0 else i
-exec(compile(d[:i],'<gxp-agent>','exec'),{'__name__':'__gxp__','_gxp_codes':d[i+1:],'_gxp_fds':FDS})
+exec(compile(d[:i],'<gxp-agent>','exec'),{'__name__':'__gxp__','_gxp_codes':d[i+1:],'_gxp_fds':FDS,'_gxp_payload':(h,z)})
 """
 
 
 def payload_receiver(read_fd: str, fds: str) -> str:
     """Top-level code that receives and runs the agent program: `read_fd` and
     `fds` are expressions for the fd to read and the (read, write) fds of the link.
-    The code needs os, struct, hashlib and zlib imported."""
+    The code needs os, struct and zlib imported, and a `sha256` constructor."""
     return "F,FDS=%s,%s\n%s" % (read_fd, fds, _RECEIVER.strip() % {"max": MAX_PAYLOAD})
 
 
-# Runs from `python3 -c`; reads fd 0, writes fd 1. The marker comes first so the
-# parent can skip whatever a login script prints before python starts.
-_STAGE1 = ("import os,sys,zlib,hashlib,struct\n"
+# Runs from `python3 -S -c`; reads fd 0, writes fd 1. The marker comes first so
+# the parent can skip whatever a login script prints before python starts.
+# What it imports is paid by every agent: binascii, not base64 (which loads `re`
+# and `enum`: 7 ms); the interpreter's own SHA-256 (_sha256, _sha2 from 3.12),
+# not hashlib (which loads OpenSSL: 3 ms), hashlib only where neither exists.
+# `-S` (no site module: 3 ms) is safe because an agent needs only the standard
+# library.
+_STAGE1 = ("import os,sys,zlib,struct\n"
+           "try:from _sha256 import sha256\n"
+           "except ImportError:\n"
+           " try:from _sha2 import sha256\n"
+           " except ImportError:from hashlib import sha256\n"
            "os.write(1,b'\\n%s'+(sys.implementation.cache_tag or 'none').encode()+b'\\n')\n"
            % MARKER.decode()
            + payload_receiver("0", "(0,1)"))
@@ -88,13 +99,13 @@ def stage1_argument() -> str:
     """The -c argument: only base64 characters inside, safe in any shell quoting."""
     import base64
     packed = base64.b64encode(zlib.compress(_STAGE1.strip().encode(), 9)).decode()
-    return "import base64,zlib;exec(zlib.decompress(base64.b64decode('%s')))" % packed
+    return "import binascii,zlib;exec(zlib.decompress(binascii.a2b_base64('%s')))" % packed
 
 
 def stage1_argv(python: str = "python3", tag: str = PROCESS_TAG) -> List[str]:
     """argv of the first stage. `tag` (not secret: a hash of the session path)
     makes the agent's process findable with `ps` and `pgrep -f`."""
-    return [python, "-c", stage1_argument(), tag]
+    return [python, "-S", "-c", stage1_argument(), tag]
 
 
 # The payload program. `_gxp_codes` (marshalled code, or empty) and `_gxp_fds`
@@ -104,9 +115,10 @@ import sys
 from importlib.machinery import ModuleSpec   # not importlib.abc/util: 15 ms lighter
 
 class _GxpImporter(object):
-    def __init__(self, sources, codes):
+    def __init__(self, sources, codes, payload):
         self.sources = sources
         self.codes = codes
+        self.payload = payload
     def find_spec(self, name, path=None, target=None):
         # A name with shipped modules under it is a package, whether or not
         # its own __init__ was shipped (an absent one runs as empty).
@@ -122,6 +134,7 @@ class _GxpImporter(object):
         name = module.__name__
         if name == "gxpstyle":
             module.__gxp_sources__ = self.sources   # agents rebuild payloads from these
+            module.__gxp_payload__ = self.payload   # or ship the one they got
         code = self.codes.get(name)
         if code is None:
             code = compile(self.sources.get(name, ""), "<gxp>/" + name.replace(".", "/") + ".py", "exec")
@@ -133,7 +146,10 @@ def _gxp_boot(sources, entry):
     for name in list(sys.modules):
         if name == "gxpstyle" or name.startswith("gxpstyle."):
             del sys.modules[name]
-    sys.meta_path.insert(0, _GxpImporter(sources, marshal.loads(codes) if codes else {}))
+    # the payload as received, when it is one a child of our interpreter can
+    # take as it is (precompiled, with the sources, for the plain agent)
+    payload = _gxp_payload if codes and sources else None
+    sys.meta_path.insert(0, _GxpImporter(sources, marshal.loads(codes) if codes else {}, payload))
     __import__(entry)
     sys.modules[entry].main(_gxp_fds)
 '''
@@ -154,6 +170,7 @@ def build_payload(sources: Dict[str, str], codes: Optional[bytes] = None,
     z = zlib.compress(program, 6)
     if len(z) > MAX_PAYLOAD:
         raise ValueError("agent payload too large")
+    import hashlib  # here: hashlib loads OpenSSL, 3 ms of every agent's start
     return hashlib.sha256(z).digest(), z
 
 
@@ -252,17 +269,30 @@ def agent_sources() -> Dict[str, str]:
     return dict(sys.modules["gxpstyle"].__gxp_sources__)
 
 
+def agent_payload() -> Optional[Tuple[bytes, bytes]]:
+    """On a shipped agent: the (digest, payload) it was started with, when
+    that is the precompiled plain agent for its own interpreter (what it ships
+    to a child of the same interpreter), else None."""
+    import sys
+    return getattr(sys.modules["gxpstyle"], "__gxp_payload__", None)
+
+
 class PayloadCache:
     """Payloads by the child's cache tag: precompiled for our own interpreter's
     tag, source for any other (marshal is not portable across versions)."""
 
-    def __init__(self, sources: Dict[str, str]) -> None:
+    def __init__(self, sources: Dict[str, str],
+                 received: Optional[Tuple[bytes, bytes]] = None) -> None:
         self.sources = sources
         # Modules the head pushed: only service children get them. An agent
         # explored after a mount still gets the small payload (the mount code
         # is three times the agent's own).
         self.extra: Dict[str, str] = {}
         self.built: Dict[Tuple[Optional[str], bool], Tuple[bytes, bytes]] = {}
+        if received is not None:
+            # what this agent got is what for_tag would build for its own tag
+            import sys
+            self.built[(sys.implementation.cache_tag, False)] = received
 
     def add(self, sources: Dict[str, str]) -> None:
         """More modules (pushed by the head): later service children get them."""
