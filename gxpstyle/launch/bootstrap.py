@@ -33,7 +33,7 @@ AGENT_MODULES: List[str] = [
     "gxpstyle.protocol.serializer", "gxpstyle.protocol.schema", "gxpstyle.protocol.wire",
     "gxpstyle.transport.event_loop", "gxpstyle.transport.links",
     "gxpstyle.node.job_spawn", "gxpstyle.node.job_runner", "gxpstyle.node.node_dirs",
-    "gxpstyle.node.tree_exec", "gxpstyle.launch.channels",
+    "gxpstyle.node.tree_exec", "gxpstyle.node.local_fork", "gxpstyle.launch.channels",
     "gxpstyle.transport.link_auth",
     "gxpstyle.launch.bootstrap", "gxpstyle.launch.child_bootstrap", "gxpstyle.launch.batch_start",
     "gxpstyle.api.node_side",

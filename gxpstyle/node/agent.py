@@ -259,6 +259,7 @@ class Node:
 
     def op_spawn(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         from gxpstyle.launch import channels, child_bootstrap
+        from gxpstyle.node import local_fork
         child = msg["child"]
         spec = dict(msg["channel"])
         spec["tag"] = "%s:%s" % (bootstrap.PROCESS_TAG, self.session)
@@ -291,7 +292,9 @@ class Node:
         cs = child_bootstrap.ChildStart(self, child, msg["target"], channel, spec, timeout, done)
         self.starting[child] = cs
         try:
-            if channel in channels.PROCESS_CHANNELS:
+            if channel == "local" and local_fork.can_fork(self, spec):
+                local_fork.start(cs)
+            elif channel in channels.PROCESS_CHANNELS:
                 cs.start_process(channels.process_argv(channel, msg["target"], spec))
             elif channel in channels.BATCH_CHANNELS:
                 self.batch.start(cs)
@@ -511,7 +514,8 @@ def main(fds: Tuple[int, int]) -> None:
 
 
 def run(rfd: int, wfd: int, payloads: bootstrap.PayloadCache) -> None:
-    """Be the node the hello on `rfd` names until it quits; never returns."""
+    """Be the node the hello on `rfd` names until it quits (from main(), or
+    straight after a fork: local_fork.py); never returns."""
     # A handler, not SIG_IGN: an ignored signal stays ignored in every job we
     # exec, and a job must die of the SIGINT that `gxpc e` forwards on Ctrl-C.
     signal.signal(signal.SIGINT, lambda *a: None)

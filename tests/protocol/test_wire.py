@@ -144,9 +144,11 @@ def test_payload_built_by_the_head_is_taken_only_for_our_interpreter():
 # at a node's first transfer; most agents never host it): 43.5 KB as source,
 # 134.7 KB precompiled. Then `e` along the tree (tree_exec.py: each agent runs its
 # share, passes the rest down and folds the statuses): 46.2 KB as source, 142.0 KB
-# precompiled.
+# precompiled. Then local children by fork (local_fork.py: a thousand local agents
+# cost one Python start per first-level agent, not one each): 48.7 KB as source,
+# 146.6 KB precompiled.
 STAGE1_BUDGET = 1024
-PAYLOAD_BUDGET = {"source": 47 << 10, "precompiled": 142 << 10}
+PAYLOAD_BUDGET = {"source": 49 << 10, "precompiled": 147 << 10}
 
 
 def test_bootstrap_stays_within_its_byte_budget():
