@@ -69,6 +69,14 @@ class ChildStart:
         self.kill_hook: Optional[Callable[[], None]] = None
         self.exit_wait: Optional[int] = None    # the timer of _failed_early's wait
         self.forked = False      # a fork of its parent (local_fork.py): it has our code
+        # Once the channel runs (after this round): the payload is built while
+        # it connects, not after its marker (the head's first child: ~70 ms).
+        self.loop.at_end(self._build_payload)
+
+    def _build_payload(self) -> None:
+        if not (self.finished or self.forked):
+            import sys
+            self.node.payloads.for_tag(sys.implementation.cache_tag, service=bool(self.spec.get("role")))
 
     # -- process channels ------------------------------------------------
     def start_process(self, argv: list) -> None:
