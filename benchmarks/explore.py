@@ -177,7 +177,9 @@ class ExploreBench(Bench):
             dt, r = self.timed(case + " explore", lambda: self.gxpc("explore", *explore_args))
             self.add(case + " explore", dt)
             # CPU each agent spent so far (its start-up: it has been idle since).
-            agents = [proc_cpu(p) for p in user_pids(self.user.uid) if "gxp-agent" in proc_cmdline(p)]
+            # The agents are the Python processes with the session's tag: an ssh
+            # client that started one has the tag in its command line too.
+            agents = [proc_cpu(p) for p in user_pids(self.user.uid) if _is_agent(proc_cmdline(p))]
             agents = [c for c in agents if c is not None]
             if agents:
                 self.add(case + " agent cpu", statistics.median(agents))
@@ -393,6 +395,11 @@ class _HeadWatch:
         cpu = proc_cpu(self.pid)
         if cpu is not None and self.cpu_idle is not None:
             self.bench.add(case + " head ms/e", 1000 * (cpu - self.cpu_idle) / runs)
+
+
+def _is_agent(cmdline: str) -> bool:
+    argv0 = cmdline.split(" ", 1)[0]
+    return "gxp-agent" in cmdline and os.path.basename(argv0).startswith("python")
 
 
 def _free_gib() -> float:
