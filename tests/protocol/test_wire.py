@@ -200,6 +200,32 @@ def test_shipped_sub_packages_load_from_memory(precompiled):
     assert proc.stdout.splitlines()[-1] == b"leaf init-ran deep True"
 
 
+# What an agent's start must not load: each costs every agent milliseconds of
+# CPU (base64 and signal load re and enum, hashlib loads OpenSSL, site the
+# site-packages), paid a thousand times by explore --local 1000 (issue 27).
+HEAVY_AT_START = ("site", "re", "enum", "hashlib", "_hashlib", "base64", "typing", "threading",
+                  "subprocess", "socket", "ssl", "signal")
+
+
+def test_agent_start_loads_no_heavy_module():
+    """The first stage and the agent's modules, as shipped, load none of
+    HEAVY_AT_START before the agent runs."""
+    import subprocess
+    import sys
+    probe = ("import os, sys\n"
+             "import gxpstyle.node.agent\n"
+             "def main(fds):\n"
+             "    os.write(fds[1], (' '.join(sorted(sys.modules)) + '\\n').encode())\n")
+    sources = dict(bootstrap.head_sources(), **{"gxpstyle.probe_start": probe})
+    payload = bootstrap.build_payload(sources, entry="gxpstyle.probe_start")
+    proc = subprocess.run(bootstrap.stage1_argv(sys.executable), input=bootstrap.payload_wire(payload),
+                          capture_output=True, cwd="/", timeout=60)
+    assert proc.returncode == 0, proc.stderr.decode()
+    loaded = set(proc.stdout.splitlines()[-1].decode().split())
+    assert "gxpstyle.node.agent" in loaded
+    assert not loaded & set(HEAVY_AT_START), sorted(loaded & set(HEAVY_AT_START))
+
+
 def test_head_sources_are_the_agent_modules_and_packages_with_code():
     """A package whose __init__ is empty or only a docstring is not shipped
     (the loader makes it a package); one with code is."""
