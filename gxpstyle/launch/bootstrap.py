@@ -1,6 +1,6 @@
 """Bootstrap with nothing preinstalled: the first stage and the agent payload.
 
-The channel runs `python3 -c '<first stage>' gxp-agent` on the target. The first
+The channel runs `python3 -S -c '<first stage>' gxp-agent` on the target. The first
 stage (a few hundred bytes, base64 of zlib) announces itself with a fixed marker
 on stdout, reads an exact length-prefixed payload from stdin (never to EOF),
 checks its SHA-256, and executes it. The payload is the agent's modules, shipped
