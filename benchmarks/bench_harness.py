@@ -104,7 +104,14 @@ def busy_share(before: tuple, after: tuple) -> float:
 
 
 def proc_cpu(pid: int) -> float | None:
-    """utime + stime of pid in seconds."""
+    """CPU time of pid in seconds: the scheduler's nanoseconds where the kernel
+    keeps them (an agent forked in 2 ms is 0 or 10 ms in clock ticks), else
+    utime + stime."""
+    try:
+        with open("/proc/%d/schedstat" % pid) as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         with open("/proc/%d/stat" % pid) as f:
             fields = f.read().rsplit(")", 1)[1].split()

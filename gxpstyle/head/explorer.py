@@ -93,10 +93,11 @@ class ExploreService(Service):
         self.explorations: Dict[int, Exploration] = {}
         self.spawn_reqs: Dict[int, Tuple[Exploration, spanning_tree.Assignment, str]] = {}
         # Local bootstraps in flight per machine, and those waiting for a turn.
-        # Each is a Python start (~40 ms of CPU); a thousand at once on two
-        # cores starve everything, the daemon included (`stat` took seconds).
-        # A few per CPU at a time take as long in total and keep the machine
-        # answering.
+        # The head's own local children are Python starts (~20 ms of CPU), an
+        # agent's are forks (~2 ms, local_fork.py); a thousand Python starts at
+        # once on two cores starved everything, the daemon included (`stat`
+        # took seconds). A few per CPU at a time take as long in total and keep
+        # the machine answering.
         self.local_busy: Dict[str, int] = {}
         self.local_queue: Dict[
             str, collections.deque[Tuple[Exploration, spanning_tree.Assignment, str]]] = {}

@@ -1,6 +1,6 @@
 """Bootstrap with nothing preinstalled: the first stage and the agent payload.
 
-The channel runs `python3 -c '<first stage>' gxp-agent` on the target. The first
+The channel runs `python3 -S -c '<first stage>' gxp-agent` on the target. The first
 stage (a few hundred bytes, base64 of zlib) announces itself with a fixed marker
 on stdout, reads an exact length-prefixed payload from stdin (never to EOF),
 checks its SHA-256, and executes it. The payload is the agent's modules, shipped
@@ -13,7 +13,6 @@ Shipped to agents (the agent re-ships itself): standard library only, Python 3.8
 """
 from __future__ import annotations
 
-import hashlib
 import struct
 import zlib
 
@@ -34,7 +33,7 @@ AGENT_MODULES: List[str] = [
     "gxpstyle.protocol.serializer", "gxpstyle.protocol.schema", "gxpstyle.protocol.wire",
     "gxpstyle.transport.event_loop", "gxpstyle.transport.links",
     "gxpstyle.node.job_spawn", "gxpstyle.node.job_runner", "gxpstyle.node.node_dirs",
-    "gxpstyle.node.tree_exec", "gxpstyle.launch.channels",
+    "gxpstyle.node.tree_exec", "gxpstyle.node.local_fork", "gxpstyle.launch.channels",
     "gxpstyle.transport.link_auth",
     "gxpstyle.launch.bootstrap", "gxpstyle.launch.child_bootstrap", "gxpstyle.launch.batch_start",
     "gxpstyle.api.node_side",
@@ -49,9 +48,12 @@ SIDE_MODULES: List[str] = ["gxpstyle.bcast.direct_links", "gxpstyle.bcast.node"]
 # The one receiver of the agent program, shared by every first stage (a
 # channel's `python3 -c`, a batch job's connect-back script): read exactly a
 # length-prefixed payload from fd F (never to EOF), check its SHA-256, and run it
-# with the link's fds FDS. `_gxp_codes` and `_gxp_fds` are what the loader below
-# expects. Exit codes 97-99 tell the parent which check failed (it reads the
-# channel's exit status). Kept terse: the -c argument carries it, compressed.
+# with the link's fds FDS. `_gxp_data`, `_gxp_fds` and `_gxp_payload` are what
+# the loader below expects (`_gxp_payload`, the digest and payload as received,
+# lets an agent ship the very same bytes to its children instead of building
+# them again: ~90 ms of CPU per parent). Exit codes 97-99 tell the parent which
+# check failed (it reads the channel's exit status). Kept terse: the -c argument
+# carries it, compressed. `sha256` comes from the stage around it.
 _RECEIVER = r"""
 def r(n):
  b=b''
@@ -63,22 +65,31 @@ def r(n):
 n=struct.unpack('!I',r(4))[0]
 if n>%(max)d:os._exit(98)
 h=r(32);z=r(n)
-if hashlib.sha256(z).digest()!=h:os._exit(99)
+if sha256(z).digest()!=h:os._exit(99)
 d=zlib.decompress(z);i=d.find(b'\0');i=len(d) if i<0 else i
-exec(compile(d[:i],'<gxp-agent>','exec'),{'__name__':'__gxp__','_gxp_codes':d[i+1:],'_gxp_fds':FDS})
+exec(compile(d[:i],'<gxp-agent>','exec'),{'__name__':'__gxp__','_gxp_data':d[i+1:],'_gxp_fds':FDS,'_gxp_payload':(h,z)})
 """
 
 
 def payload_receiver(read_fd: str, fds: str) -> str:
     """Top-level code that receives and runs the agent program: `read_fd` and
     `fds` are expressions for the fd to read and the (read, write) fds of the link.
-    The code needs os, struct, hashlib and zlib imported."""
+    The code needs os, struct and zlib imported, and a `sha256` constructor."""
     return "F,FDS=%s,%s\n%s" % (read_fd, fds, _RECEIVER.strip() % {"max": MAX_PAYLOAD})
 
 
-# Runs from `python3 -c`; reads fd 0, writes fd 1. The marker comes first so the
-# parent can skip whatever a login script prints before python starts.
-_STAGE1 = ("import os,sys,zlib,hashlib,struct\n"
+# Runs from `python3 -S -c`; reads fd 0, writes fd 1. The marker comes first so
+# the parent can skip whatever a login script prints before python starts.
+# What it imports is paid by every agent: binascii, not base64 (which loads `re`
+# and `enum`: 7 ms); the interpreter's own SHA-256 (_sha256, _sha2 from 3.12),
+# not hashlib (which loads OpenSSL: 3 ms), hashlib only where neither exists.
+# `-S` (no site module: 3 ms) is safe because an agent needs only the standard
+# library.
+_STAGE1 = ("import os,sys,zlib,struct\n"
+           "try:from _sha256 import sha256\n"
+           "except ImportError:\n"
+           " try:from _sha2 import sha256\n"
+           " except ImportError:from hashlib import sha256\n"
            "os.write(1,b'\\n%s'+(sys.implementation.cache_tag or 'none').encode()+b'\\n')\n"
            % MARKER.decode()
            + payload_receiver("0", "(0,1)"))
@@ -88,25 +99,26 @@ def stage1_argument() -> str:
     """The -c argument: only base64 characters inside, safe in any shell quoting."""
     import base64
     packed = base64.b64encode(zlib.compress(_STAGE1.strip().encode(), 9)).decode()
-    return "import base64,zlib;exec(zlib.decompress(base64.b64decode('%s')))" % packed
+    return "import binascii,zlib;exec(zlib.decompress(binascii.a2b_base64('%s')))" % packed
 
 
 def stage1_argv(python: str = "python3", tag: str = PROCESS_TAG) -> List[str]:
     """argv of the first stage. `tag` (not secret: a hash of the session path)
     makes the agent's process findable with `ps` and `pgrep -f`."""
-    return [python, "-c", stage1_argument(), tag]
+    return [python, "-S", "-c", stage1_argument(), tag]
 
 
-# The payload program. `_gxp_codes` (marshalled code, or empty) and `_gxp_fds`
+# The payload program. `_gxp_data` (what follows the program) and `_gxp_fds`
 # come from the first stage (or from a batch job's connect-back stage).
 _LOADER = r'''
 import sys
 from importlib.machinery import ModuleSpec   # not importlib.abc/util: 15 ms lighter
 
 class _GxpImporter(object):
-    def __init__(self, sources, codes):
+    def __init__(self, sources, codes, payload):
         self.sources = sources
         self.codes = codes
+        self.payload = payload
     def find_spec(self, name, path=None, target=None):
         # A name with shipped modules under it is a package, whether or not
         # its own __init__ was shipped (an absent one runs as empty).
@@ -122,18 +134,22 @@ class _GxpImporter(object):
         name = module.__name__
         if name == "gxpstyle":
             module.__gxp_sources__ = self.sources   # agents rebuild payloads from these
+            module.__gxp_payload__ = self.payload   # or ship the one they got
         code = self.codes.get(name)
         if code is None:
             code = compile(self.sources.get(name, ""), "<gxp>/" + name.replace(".", "/") + ".py", "exec")
         exec(code, module.__dict__)
 
-def _gxp_boot(sources, entry):
+def _gxp_boot(entry):
     import marshal
-    codes = _gxp_codes
+    sources, codes = marshal.loads(_gxp_data)
     for name in list(sys.modules):
         if name == "gxpstyle" or name.startswith("gxpstyle."):
             del sys.modules[name]
-    sys.meta_path.insert(0, _GxpImporter(sources, marshal.loads(codes) if codes else {}))
+    # the payload as received, when it is one a child of our interpreter can
+    # take as it is (precompiled, with the sources, for the plain agent)
+    payload = _gxp_payload if codes and sources else None
+    sys.meta_path.insert(0, _GxpImporter(sources, marshal.loads(codes) if codes else {}, payload))
     __import__(entry)
     sys.modules[entry].main(_gxp_fds)
 '''
@@ -144,16 +160,20 @@ def build_payload(sources: Dict[str, str], codes: Optional[bytes] = None,
     """(sha256 digest, zlib payload) of the agent program for the given sources,
     with marshalled code objects for one interpreter version when `codes` is
     given; the program runs `main(fds)` of the module named `entry`."""
-    # Code objects follow the program after a NUL (which Python source never
-    # holds), as raw marshal bytes: a repr inside the program would cost 25% more.
-    program = (_LOADER + "\n_gxp_boot(%r, %r)\n" % (sources, entry)).encode("utf-8")
-    if codes:
-        program += b"\0" + codes
+    # The sources and the code objects follow the program after a NUL (which
+    # Python source never holds), marshalled: as a literal in the program the
+    # sources cost every agent 2.8 ms of compiling, and a repr of the code 25%
+    # more bytes. Version 4 is read by every Python 3 the agent runs on (a dict
+    # of strings, and the code, as bytes, only for our own interpreter).
+    import marshal
+    program = (_LOADER + "\n_gxp_boot(%r)\n" % entry).encode("utf-8")
+    program += b"\0" + marshal.dumps((sources, codes or b""), 4)
     # Level 6, not 9: as small within 1% and 4x cheaper (120 vs 31 ms for the
     # payload with the mount code, paid by every agent that starts a service).
     z = zlib.compress(program, 6)
     if len(z) > MAX_PAYLOAD:
         raise ValueError("agent payload too large")
+    import hashlib  # here: hashlib loads OpenSSL, 3 ms of every agent's start
     return hashlib.sha256(z).digest(), z
 
 
@@ -252,17 +272,30 @@ def agent_sources() -> Dict[str, str]:
     return dict(sys.modules["gxpstyle"].__gxp_sources__)
 
 
+def agent_payload() -> Optional[Tuple[bytes, bytes]]:
+    """On a shipped agent: the (digest, payload) it was started with, when
+    that is the precompiled plain agent for its own interpreter (what it ships
+    to a child of the same interpreter), else None."""
+    import sys
+    return getattr(sys.modules["gxpstyle"], "__gxp_payload__", None)
+
+
 class PayloadCache:
     """Payloads by the child's cache tag: precompiled for our own interpreter's
     tag, source for any other (marshal is not portable across versions)."""
 
-    def __init__(self, sources: Dict[str, str]) -> None:
+    def __init__(self, sources: Dict[str, str],
+                 received: Optional[Tuple[bytes, bytes]] = None) -> None:
         self.sources = sources
         # Modules the head pushed: only service children get them. An agent
         # explored after a mount still gets the small payload (the mount code
         # is three times the agent's own).
         self.extra: Dict[str, str] = {}
         self.built: Dict[Tuple[Optional[str], bool], Tuple[bytes, bytes]] = {}
+        if received is not None:
+            # what this agent got is what for_tag would build for its own tag
+            import sys
+            self.built[(sys.implementation.cache_tag, False)] = received
 
     def add(self, sources: Dict[str, str]) -> None:
         """More modules (pushed by the head): later service children get them."""

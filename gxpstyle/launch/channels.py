@@ -77,7 +77,8 @@ def process_argv(channel: str, target: str, spec: Dict[str, Any]) -> List[str]:
 # secret), so the script file is written 0600 and the token is never on a command
 # line. Placeholders are filled by job_script().
 _JOB_STAGE = r'''
-import os, sys, socket, struct, hashlib, zlib
+import os, sys, socket, struct, zlib
+from hashlib import sha256
 HOST, PORT, CHILD, TOKEN, PIN = %(host)r, %(port)d, %(child)r, bytes.fromhex(%(token)r), %(pin)r
 %(link_auth)s
 sock = socket.create_connection((HOST, PORT), timeout=30)

@@ -56,7 +56,7 @@ class ChildStart:
         self.timeout = timeout
         self.done_cb = done
         self.finished = False
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: Optional[Any] = None     # subprocess.Popen, or local_fork.ForkedProcess
         self.stdout_buf = b""
         self.stderr_buf = b""
         self.stderr_fd: Optional[int] = None
@@ -68,6 +68,15 @@ class ChildStart:
         self.timer = self.loop.call_later(timeout, self._timed_out)
         self.kill_hook: Optional[Callable[[], None]] = None
         self.exit_wait: Optional[int] = None    # the timer of _failed_early's wait
+        self.forked = False      # a fork of its parent (local_fork.py): it has our code
+        # Once the channel runs (after this round): the payload is built while
+        # it connects, not after its marker (the head's first child: ~70 ms).
+        self.loop.at_end(self._build_payload)
+
+    def _build_payload(self) -> None:
+        if not (self.finished or self.forked):
+            import sys
+            self.node.payloads.for_tag(sys.implementation.cache_tag, service=bool(self.spec.get("role")))
 
     # -- process channels ------------------------------------------------
     def start_process(self, argv: list) -> None:
@@ -151,8 +160,9 @@ class ChildStart:
         self.link = Link(self.loop, self.rfd, self.wfd, self.child,
                          self.node.on_child_frame, self.node.on_child_close)
         self.link.starting = self
-        self.link.send_frame(bootstrap.payload_wire(
-            self.node.payloads.for_tag(tag, service=bool(self.spec.get("role")))))
+        if not self.forked:
+            self.link.send_frame(bootstrap.payload_wire(
+                self.node.payloads.for_tag(tag, service=bool(self.spec.get("role")))))
         self.link.send(self.child, self.node.id, self.node.hello_for(
             self.child, self.target, self.spec.get("role"), self.spec.get("role_config"),
             self.spec.get("role_module")))

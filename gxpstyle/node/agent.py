@@ -10,7 +10,11 @@ Shipped to agents: standard library only, Python 3.8 syntax.
 from __future__ import annotations
 
 import os
-import signal
+
+try:  # the C module itself: `signal` loads enum and functools, 2.5 ms of every agent's start
+    import _signal as signal
+except ImportError:  # an interpreter without it
+    import signal  # type: ignore[no-redef]
 import sys
 import time
 
@@ -255,6 +259,7 @@ class Node:
 
     def op_spawn(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         from gxpstyle.launch import channels, child_bootstrap
+        from gxpstyle.node import local_fork
         child = msg["child"]
         spec = dict(msg["channel"])
         spec["tag"] = "%s:%s" % (bootstrap.PROCESS_TAG, self.session)
@@ -287,7 +292,9 @@ class Node:
         cs = child_bootstrap.ChildStart(self, child, msg["target"], channel, spec, timeout, done)
         self.starting[child] = cs
         try:
-            if channel in channels.PROCESS_CHANNELS:
+            if channel == "local" and local_fork.can_fork(self, spec):
+                local_fork.start(cs)
+            elif channel in channels.PROCESS_CHANNELS:
                 cs.start_process(channels.process_argv(channel, msg["target"], spec))
             elif channel in channels.BATCH_CHANNELS:
                 self.batch.start(cs)
@@ -492,21 +499,6 @@ class Node:
         self.loop.stop()
 
 
-def _read_frame_blocking(fd: int, limit: int) -> bytes:
-    def exact(n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = os.read(fd, n - len(buf))
-            if not chunk:
-                raise EOFError("parent closed before hello")
-            buf += chunk
-        return buf
-    n = int.from_bytes(exact(4), "big")
-    if n > limit:
-        raise wire.FrameError("hello too large")
-    return exact(n)
-
-
 def main(fds: Tuple[int, int]) -> None:
     """Entry point of a shipped agent (called by the bootstrap loader)."""
     rfd, wfd = os.dup(fds[0]), os.dup(fds[1])
@@ -518,28 +510,29 @@ def main(fds: Tuple[int, int]) -> None:
     os.close(devnull)
     if fds[0] not in (0, 1):
         os.close(fds[0])
+    run(rfd, wfd, bootstrap.PayloadCache(bootstrap.agent_sources(), bootstrap.agent_payload()))
+
+
+def run(rfd: int, wfd: int, payloads: bootstrap.PayloadCache) -> None:
+    """Be the node the hello on `rfd` names until it quits (from main(), or
+    straight after a fork: local_fork.py); never returns."""
     # A handler, not SIG_IGN: an ignored signal stays ignored in every job we
     # exec, and a job must die of the SIGINT that `gxpc e` forwards on Ctrl-C.
     signal.signal(signal.SIGINT, lambda *a: None)
     os.set_blocking(rfd, True)
-    frame = _read_frame_blocking(rfd, wire.MAX_FRAME)
+    frame = wire.read_frame_blocking(rfd, wire.MAX_FRAME)
     _, _, body = wire.split_frame(frame)
     hello = wire.decode_message(body)
     if hello["op"] != "hello":
         raise SystemExit(96)
     node = Node(hello["id"], hello["name"], hello["session"], hello["secret"],
-                hello["opts"], bootstrap.PayloadCache(bootstrap.agent_sources()))
+                hello["opts"], payloads)
     parent_id = hello["id"].rsplit(".", 1)[0]
     node.parent = Link(node.loop, rfd, wfd, parent_id, node.on_parent_frame, node.on_parent_close)
     signal.signal(signal.SIGTERM, lambda *a: node.loop.call_soon_threadsafe(
         lambda: node.shutdown(send_bye=False)))
-    try:
-        import pwd
-        user = pwd.getpwuid(os.getuid()).pw_name
-    except (ImportError, KeyError):
-        user = str(os.getuid())
     ready = {"op": "ready", "id": node.id, "hostname": os.uname().nodename,
-             "pid": os.getpid(), "python": sys.version.split()[0], "user": user,
+             "pid": os.getpid(), "python": sys.version.split()[0], "user": _user_name(),
              "ncpu": usable_cpus()}
     role = hello["opts"].get("role")
     runner = None
@@ -568,6 +561,14 @@ def main(fds: Tuple[int, int]) -> None:
     else:
         node.loop.run()
     os._exit(node.exit_code)
+
+
+def _user_name() -> str:
+    try:
+        import pwd
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.getuid())
 
 
 def usable_cpus() -> int:

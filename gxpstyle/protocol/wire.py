@@ -20,6 +20,7 @@ Shipped to agents: standard library only, Python 3.8 syntax.
 """
 from __future__ import annotations
 
+import os
 import struct
 
 TYPE_CHECKING = False
@@ -239,3 +240,19 @@ def route(self_id: str, dst: str, children: Dict[str, Any]) -> Optional[str]:
 
 def is_descendant(node: str, ancestor: str) -> bool:
     return node == ancestor or node.startswith(ancestor + ".")
+
+
+def read_frame_blocking(fd: int, limit: int) -> bytes:
+    """One frame's body from a blocking fd (an agent's hello, before its loop runs)."""
+    def exact(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = os.read(fd, n - len(buf))
+            if not chunk:
+                raise EOFError("parent closed before hello")
+            buf += chunk
+        return buf
+    n = int.from_bytes(exact(4), "big")
+    if n > limit:
+        raise FrameError("hello too large")
+    return exact(n)
