@@ -37,16 +37,21 @@ def g(bed, make_gxp):
     return make_gxp(bed=bed, user=next(iter(bed.users)))
 
 
-@pytest.fixture
-def mnt(g):
-    g.ok("use", "ssh", "head", "tv*")
+def mounted(g, env=None):
+    """Every host explored (the daemon started with `env`) and a GMount of theirs."""
+    g.ok("use", "ssh", "head", "tv*", env=env)
     g.ok("explore", *HOSTS)
     tag = g.new_tag()
     export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
     g.ok("e", "mkdir -p %s %s" % (export, mnt))
     g.ok("mount", export, mnt)
+    return mnt
+
+
+@pytest.fixture
+def mnt(g):
     try:
-        yield mnt
+        yield mounted(g)
     finally:
         g.ok("umount")
 
@@ -215,13 +220,8 @@ def test_a_copy_that_missed_changes_catches_up(bed, make_gxp):
     daemon takes from GXP_TEST_NS_DROP): the next one shows tv05 the gap, its
     copy starts over, and every name shows there within the bound."""
     g = make_gxp(bed=bed, user=next(iter(bed.users)))
-    g.ok("use", "ssh", "head", "tv*", env={"GXP_TEST_NS_DROP": "tv05:2"})
-    g.ok("explore", *HOSTS)
-    tag = g.new_tag()
-    export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
-    g.ok("e", "mkdir -p %s %s" % (export, mnt))
-    g.ok("mount", export, mnt)
     try:
+        mnt = mounted(g, env={"GXP_TEST_NS_DROP": "tv05:2"})
         w = mnt + "/w"
         on(g, "tv01", "mkdir %s" % w)
         on(g, "tv05", "ls %s" % w)
