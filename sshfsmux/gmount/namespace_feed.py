@@ -10,8 +10,9 @@ under it (a mount's change feed, a recipe's outputs, a node lost) goes to
 each subscriber as an `ns` call, the changes of one loop round in one call
 per node, numbered per node: a node that finds a number skipped drops its
 copy and fetches the listings again (`GXP_TEST_NS_DROP=HOST:N` in the
-daemon's environment skips the Nth call to HOST's mount, for tests). Before every node's export is
-in the catalog (the scans after a mount), listings wait.
+daemon's environment skips the Nth call to HOST's mount, for tests). Before
+every node's export is in the catalog (the scans after a mount), listings
+wait.
 
 Memory: a set of service ids per directory some node looked into.
 
@@ -20,7 +21,7 @@ Head side.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 from gxpstyle.api.interfaces import ReplicaAPI
 from gxpstyle.api.services import after
@@ -84,7 +85,10 @@ class NamespaceFeed:
         # each mount service's `ns` calls are numbered: a node that sees a
         # number skipped knows its copy missed changes (namespace_copy: gap)
         self.sent: Dict[str, int] = {}
-        self.acked: Dict[str, int] = {}             # the last number each answered
+        # the highest number up to which each has answered every call, and
+        # the numbers answered above it (answers may come out of order)
+        self.acked: Dict[str, int] = {}
+        self.acked_above: Dict[str, Set[int]] = {}
         # (sid, number, done): done() once sid answered every call up to number
         self.node_waiters: List[Tuple[str, int, Callable[[], None]]] = []
         self.node_waiting: List[Tuple[List[str], Callable[[], None]]] = []   # until _send
@@ -103,8 +107,9 @@ class NamespaceFeed:
         for feed in self.mounts.values():
             feed.drop(sid)
         self.sent.pop(sid, None)
-        self._acked(sid, 1 << 62)       # nobody waits for a node that is gone
         self.acked.pop(sid, None)
+        self.acked_above.pop(sid, None)
+        self._release_node(sid, None)       # nobody waits for a node that is gone
 
     # -- listings ------------------------------------------------------------------
     def entries(self, mountpoint: str, key: str, names: Any = None) -> Entries:
@@ -172,15 +177,6 @@ class NamespaceFeed:
             self.flush_armed = True
             self.head.at_end(self._send)
 
-    def barrier(self, done: Callable[[], None]) -> None:
-        """done() once every change heard so far has been taken by the
-        nodes holding its directory (at once when none is on its way)."""
-        if self.flush_armed:
-            self.done_waiting.append(done)
-            return
-        self.waiters.append((self.generation, done))
-        self._release()
-
     def node_barrier(self, sids: List[str], done: Callable[[], None]) -> None:
         """done() once these mount services have taken every change sent to
         them so far, and those this loop round is about to send (a recipe
@@ -196,10 +192,23 @@ class NamespaceFeed:
         self.node_waiters.extend((sid, n, after(len(waits), done)) for sid, n in waits)
 
     def _acked(self, sid: str, seq: int) -> None:
-        self.acked[sid] = max(seq, self.acked.get(sid, 0))
-        ready = [w for w in self.node_waiters if w[0] == sid and w[1] <= seq]
+        above = self.acked_above.setdefault(sid, set())
+        above.add(seq)
+        upto = self.acked.get(sid, 0)
+        while upto + 1 in above:
+            upto += 1
+            above.discard(upto)
+        self.acked[sid] = upto
+        self._release_node(sid, upto)
+
+    def _release_node(self, sid: str, upto: Optional[int]) -> None:
+        """done() of every node barrier waiting for sid's answers up to `upto`
+        (None: all of them)."""
+        def due(w: Tuple[str, int, Callable[[], None]]) -> bool:
+            return w[0] == sid and (upto is None or w[1] <= upto)
+        ready = [w for w in self.node_waiters if due(w)]
         if ready:
-            self.node_waiters = [w for w in self.node_waiters if not (w[0] == sid and w[1] <= seq)]
+            self.node_waiters = [w for w in self.node_waiters if not due(w)]
             for _sid, _n, done in ready:
                 done()
 

@@ -77,7 +77,7 @@ def test_changes_go_to_the_holders_of_the_directory_and_done_waits_for_every_ear
     taken, started = [], []
     feed.touched(MP, ["src/a.c"], lambda: taken.append(1))
     head.end_round()
-    feed.barrier(lambda: started.append(1))
+    feed.node_barrier(["s1"], lambda: started.append(1))
     answer_second = head.calls[-1][3]
     # numbered per node: a node that sees a number skipped starts its copy over
     assert head.calls[-1][2] == {"dirs": {"src": {"a.c": []}}, "seq": 2}
@@ -85,7 +85,7 @@ def test_changes_go_to_the_holders_of_the_directory_and_done_waits_for_every_ear
     assert taken == [] and started == []
     answer_first(True, "", {})
     assert taken == [1] and started == [1]
-    feed.barrier(lambda: started.append(2))
+    feed.node_barrier(["s1"], lambda: started.append(2))
     assert started == [1, 2]           # nothing on its way: at once
 
 
