@@ -9,13 +9,13 @@ mount's `struct fuse *`, which only a FUSE callback can see
 (`fuse_get_context()->fuse`): KernelCache.capture() takes it in the mount's
 init callback, and invalidate_paths() may then run from any thread.
 
-A mount that lets the kernel keep missing names (GMount: negative entries
-for the attribute timeout) must also drop a name's dentry, negative or not,
-when the name appears elsewhere: libfuse's low-level
-`fuse_lowlevel_notify_inval_entry(session, parent node id, name)` does, and
-the high-level API gives a directory's node id as its st_ino (without
-`use_ino`), so `entries=mountpoint` stats the parent through the mount. Never
-from inside a file system call: the kernel holds the directory meanwhile.
+A mount that lets the kernel keep missing names (negative entries) must
+also drop a name's negative dentry when the name appears elsewhere: libfuse's
+low-level `fuse_lowlevel_notify_inval_entry(session, parent node id, name)`
+does, and the high-level API gives a directory's node id as its st_ino
+(without `use_ino`), so a KernelCache given the `mountpoint` stats the parent
+through the mount. Never from inside a file system call: the kernel holds
+the directory meanwhile.
 
 Used by the GMount service (gmount/node.py: the "changed" call, acked to the
 head) and by anything that must make a change visible now (mount caching
@@ -48,7 +48,7 @@ class KernelCache:
         # names' dentries (negative ones too) are dropped when set
         self.mountpoint = mountpoint
         self.session: Optional[int] = None
-        if lib is not None and isinstance(lib, ctypes.CDLL):
+        if lib is not None:
             fn = lib.fuse_invalidate_path
             fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
             fn.restype = ctypes.c_int
@@ -59,8 +59,6 @@ class KernelCache:
                 entry.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
                 entry.restype = ctypes.c_int
                 self.session = lib.fuse_get_session(fuse)
-        elif mountpoint:
-            self.session = getattr(lib, "session", None)       # a test's stand-in
 
     @classmethod
     def capture(cls, mountpoint: str = "",

@@ -52,6 +52,7 @@ class FakeLowLevel(FakeLib):
             self.entries.append((parent, name.decode()))
             return 0
         self.fuse_lowlevel_notify_inval_entry = inval_entry
+        self.fuse_get_session = lambda fuse: self.session
 
 
 def test_every_name_loses_its_dentry_negative_ones_too(tmp_path):
