@@ -13,7 +13,7 @@ Head side.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from gxpstyle.api.services import after
 from sshfsmux.gmount import file_records
@@ -124,19 +124,23 @@ class RecipeChanges:
             self.head.call_role(sid, "changed", {"paths": rels, "describe": holder, "feed": feed},
                                 answered)
 
-    def _services_on(self, host: Optional[str], paths: List[str]) -> List[Any]:
-        """(mountpoint, node id, service id) of each mount holding one of
-        `paths` served on `host`."""
+    def _on_host(self, host: Optional[str], mounts: Iterable[Mount]) -> List[Tuple[Mount, str, str]]:
+        """(mount, node id, service id) of each of `mounts` served on `host`
+        (one service a host), live or not."""
         out = []
-        for p in paths:
-            m = self._mount_of(os.path.normpath(p))
-            if m is None or not host:
-                continue
+        for m in mounts:
             for nid, sid in m.services.items():
                 there = self.head.node(nid)
-                if there is not None and there.hostname == host and self.head.is_up(sid):
-                    out.append((m.mountpoint, nid, sid))
+                if there is not None and host and there.hostname == host:
+                    out.append((m, nid, sid))
         return out
+
+    def _services_on(self, host: Optional[str], paths: List[str]) -> List[Any]:
+        """(mountpoint, node id, service id) of each live mount holding one of
+        `paths` served on `host`."""
+        found = [self._mount_of(os.path.normpath(p)) for p in paths]
+        return [(m.mountpoint, nid, sid) for m, nid, sid in
+                self._on_host(host, [m for m in found if m is not None]) if self.head.is_up(sid)]
 
     def _record(self, m: Mount, nid: str, rels: List[str], files: List[Any]) -> List[str]:
         """The catalog takes what node `nid`'s export holds of `rels`;
@@ -167,13 +171,8 @@ class RecipeChanges:
         the other nodes' answers are not waited for."""
         info = self.head.node(node)
         host = info.hostname if info is not None else None
-        sids = []
-        for m in self.mounts.values():
-            for nid, sid in m.services.items():
-                there = self.head.node(nid)
-                if there is not None and there.hostname == host:
-                    sids.append(sid)
-        self.feed.node_barrier(sids, done)
+        self.feed.node_barrier([sid for _m, _nid, sid in self._on_host(host, self.mounts.values())],
+                               done)
 
     def sync(self, done: Callable[[], None]) -> None:
         """Every live mount sends what its change feed holds, the catalog takes

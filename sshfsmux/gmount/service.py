@@ -299,11 +299,8 @@ class GMountService(RecipeChanges, Service):
         info = self.head.node(node)
         if m is None or info is None:
             return None
-        for nid, sid in m.services.items():
-            n = self.head.node(nid)
-            if n is not None and n.hostname == info.hostname and self.head.is_up(sid):
-                return m, nid, sid
-        return None
+        live = [found for found in self._on_host(info.hostname, [m]) if self.head.is_up(found[2])]
+        return live[0] if live else None
 
     def replica_dir(self, node: str, path: str) -> Optional[str]:
         found = self._service_on(node, path)
