@@ -8,7 +8,8 @@ exports and are left out), with a `listing` call, and from then on keeps
 that node among the directory's subscribers: every change the catalog takes
 under it (a mount's change feed, a recipe's outputs, a node lost) goes to
 each subscriber as an `ns` call, the changes of one loop round in one call
-per node, numbered per node: a node that finds a number skipped drops its
+per node, one call at a time per node (what changes meanwhile goes in its
+next call, once the last is answered), numbered per node: a node that finds a number skipped drops its
 copy and fetches the listings again (`GXP_TEST_NS_DROP=HOST:N` in the
 daemon's environment skips the Nth call to HOST's mount, for tests). Before
 every node's export is in the catalog (the scans after a mount), listings
@@ -74,12 +75,6 @@ class NamespaceFeed:
         self.catalog = catalog
         self.exports = exports
         self.mounts: Dict[str, MountFeed] = {}
-        self.done_waiting: List[Callable[[], None]] = []
-        # each send is a generation: its calls not yet answered, and who waits
-        # for it and every earlier one (a change sent before must be taken too)
-        self.generation = 0
-        self.unanswered: Dict[int, int] = {}
-        self.waiters: List[Tuple[int, Callable[[], None]]] = []
         self.flush_armed = False
         self.directories_listed = 0
         # each mount service's `ns` calls are numbered: a node that sees a
@@ -89,9 +84,14 @@ class NamespaceFeed:
         # the numbers answered above it (answers may come out of order)
         self.acked: Dict[str, int] = {}
         self.acked_above: Dict[str, Set[int]] = {}
+        # names changed for a service while its last call is unanswered: they
+        # go together in its next call, when that answer comes (a slow node
+        # gets fewer, bigger calls instead of a queue of small ones)
+        self.held: Dict[str, Dict[str, Dict[str, Set[str]]]] = {}   # sid -> mount -> key -> names
         # (sid, number, done): done() once sid answered every call up to number
         self.node_waiters: List[Tuple[str, int, Callable[[], None]]] = []
-        self.node_waiting: List[Tuple[List[str], Callable[[], None]]] = []   # until _send
+        # until _send (None: every mount service)
+        self.node_waiting: List[Tuple[Optional[List[str]], Callable[[], None]]] = []
         # a fault for tests: HOST:N, the Nth `ns` call to HOST's mount is not sent
         host, _, nth = (os.environ.get(DROP_ENV) or "").partition(":")
         self.drop = (host, int(nth)) if nth.isdigit() else None
@@ -107,6 +107,7 @@ class NamespaceFeed:
         for feed in self.mounts.values():
             feed.drop(sid)
         self.sent.pop(sid, None)
+        self.held.pop(sid, None)
         self.acked.pop(sid, None)
         self.acked_above.pop(sid, None)
         self._release_node(sid, None)       # nobody waits for a node that is gone
@@ -164,28 +165,35 @@ class NamespaceFeed:
                 done: Callable[[], None] | None = None) -> None:
         """The catalog changed under these names (relative to the mountpoint):
         at the end of this loop round their subscribers hear it; done() once
-        every one of them has taken it, and every change sent before."""
+        every mount service has taken it, and every change sent before."""
         feed = self.mounts.get(mountpoint)
         if feed is not None:
             for rel in rels:
                 key, name = key_of(rel)
                 if name and key in feed.by_dir:
                     feed.changed.setdefault(key, set()).add(name)
+        self._arm()
         if done is not None:
-            self.done_waiting.append(done)
+            self.node_waiting.append((None, done))
+
+    def _arm(self) -> None:
         if not self.flush_armed:
             self.flush_armed = True
             self.head.at_end(self._send)
 
     def node_barrier(self, sids: List[str], done: Callable[[], None]) -> None:
         """done() once these mount services have taken every change sent to
-        them so far, and those this loop round is about to send (a recipe
-        about to start on their host: other nodes' acks are not waited for)."""
+        them so far, those held for them, and those this loop round is about
+        to send (a recipe about to start on their host: other nodes' answers
+        are not waited for)."""
         if self.flush_armed:
             self.node_waiting.append((sids, done))
             return
-        waits = [(sid, self.sent[sid]) for sid in sids
-                 if self.acked.get(sid, 0) < self.sent.get(sid, 0)]
+        waits = []
+        for sid in sids:
+            due = self.sent.get(sid, 0) + (1 if self.held.get(sid) else 0)
+            if self.acked.get(sid, 0) < due:
+                waits.append((sid, due))
         if not waits:
             done()
             return
@@ -199,6 +207,8 @@ class NamespaceFeed:
             upto += 1
             above.discard(upto)
         self.acked[sid] = upto
+        if upto >= self.sent.get(sid, 0) and self.held.get(sid):
+            self._call(sid, self.held.pop(sid))
         self._release_node(sid, upto)
 
     def _release_node(self, sid: str, upto: Optional[int]) -> None:
@@ -213,47 +223,37 @@ class NamespaceFeed:
                 done()
 
     def _send(self) -> None:
+        """This loop round's changes to each subscriber: now, or with its next
+        call if its last one is unanswered."""
         self.flush_armed = False
-        self.generation += 1
-        gen = self.generation
-        self.waiters.extend((gen, done) for done in self.done_waiting)
-        self.done_waiting = []
-        calls: Dict[str, Dict[str, Entries]] = {}
         for mp, feed in self.mounts.items():
             changed, feed.changed = feed.changed, {}
             for key, names in changed.items():
-                entries = self.entries(mp, key, sorted(names))
                 for sid in feed.by_dir.get(key, ()):
-                    calls.setdefault(sid, {})[key] = entries
-        if calls:
-            self.unanswered[gen] = len(calls)
-        for sid, dirs in calls.items():
-            seq = self.sent[sid] = self.sent.get(sid, 0) + 1
-
-            def answered(ok: bool, error: str, result: Dict[str, Any], sid: str = sid,
-                         seq: int = seq) -> None:
-                self.unanswered[gen] -= 1
-                if not self.unanswered[gen]:
-                    del self.unanswered[gen]
-                    self._release()
-                self._acked(sid, seq)
-            if self.drop is not None and self.drop == (self._host(sid), seq):
-                answered(True, "", {})
-                continue
-            self.head.call_role(sid, "ns", {"dirs": dirs, "seq": seq}, answered)
-        self._release()
+                    held = self.held.setdefault(sid, {}).setdefault(mp, {})
+                    held.setdefault(key, set()).update(names)
+        for sid in [sid for sid in self.held if self.acked.get(sid, 0) >= self.sent.get(sid, 0)]:
+            self._call(sid, self.held.pop(sid))
         waiting, self.node_waiting = self.node_waiting, []
         for sids, done in waiting:
-            self.node_barrier(sids, done)
+            self.node_barrier(list(self.sent) if sids is None else sids, done)
+
+    def _call(self, sid: str, changed: Dict[str, Dict[str, Set[str]]]) -> None:
+        """One `ns` call: the catalog's entries now for the names changed."""
+        dirs: Dict[str, Entries] = {}
+        for mp, keys in changed.items():
+            if mp in self.mounts:
+                for key, names in keys.items():
+                    dirs[key] = self.entries(mp, key, sorted(names))
+        seq = self.sent[sid] = self.sent.get(sid, 0) + 1
+
+        def answered(ok: bool, error: str, result: Dict[str, Any]) -> None:
+            self._acked(sid, seq)
+        if self.drop is not None and self.drop == (self._host(sid), seq):
+            self.head.at_end(lambda: answered(True, "", {}))
+            return
+        self.head.call_role(sid, "ns", {"dirs": dirs, "seq": seq}, answered)
 
     def _host(self, sid: str) -> str:
         node = self.head.node(sid)
         return node.hostname if node is not None else ""
-
-    def _release(self) -> None:
-        """done() of every waiter whose generation and all before it are answered."""
-        oldest = min(self.unanswered) if self.unanswered else self.generation + 1
-        ready = [done for gen, done in self.waiters if gen < oldest]
-        self.waiters = [(gen, done) for gen, done in self.waiters if gen >= oldest]
-        for done in ready:
-            done()

@@ -143,6 +143,10 @@ class GMountNode(NodeSide):
         self.fs: Any = None               # the MergedFS, once mounted
         self.cache: Any = None            # the replica store, once mounted
         self.kcache: Any = None           # the mount's kernel cache handle (FUSE init)
+        self.fuse_context: Any = None     # mfusepy's fuse_get_context, once mounted
+        # this node's agent (our parent: role nodes are its children), whose
+        # FUSE calls never wait for the head (_may_wait)
+        self.agent_pid = os.getppid()
         self.stopping = False
         self.up = False
         self.error = ""
@@ -229,8 +233,9 @@ class GMountNode(NodeSide):
                                 node=cfg.host_name, log=self.log, branch_places=cfg.places,
                                 on_ready=self._fuse_ready)
         fs.on_change = self._on_change
+        self.fuse_context = merged_fs.fuse_get_context
         if len(branches) > 1:
-            fs.namespace = NamespaceCopy(self._ask_listings)
+            fs.namespace = NamespaceCopy(self._ask_listings, self._may_wait, cfg.timeout)
         calls = self.server.stats["calls"]
         fs.served = lambda: dict(calls)
         return fs
@@ -250,6 +255,16 @@ class GMountNode(NodeSide):
             watch.close()
 
     # -- the namespace copy (sshfsmux/fs/namespace_copy.py, gmount/namespace_feed.py) ---
+    def _may_wait(self) -> bool:
+        """Whether this FUSE call may wait for the head's listing: not when
+        the caller is this node's agent (the listing comes through its loop;
+        its chdir for a job would wait for itself), nor off FUSE's threads."""
+        try:
+            _uid, _gid, pid = self.fuse_context()
+        except Exception:
+            return False
+        return bool(pid) and pid != self.agent_pid
+
     def _ask_listings(self, keys: List[str]) -> None:      # a FUSE thread
         from gxpstyle.protocol import wire
         host = self.host
