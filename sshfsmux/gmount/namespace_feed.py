@@ -82,6 +82,11 @@ class NamespaceFeed:
         self.mounts: Dict[str, MountFeed] = {}
         self.flush_armed = False
         self.directories_listed = 0
+        # listings sent and not yet answered: sid -> key -> call, and
+        # call -> who waits for it to be taken (a recipe about to start)
+        self.listing_calls = 0
+        self.listing_out: Dict[str, Dict[str, int]] = {}
+        self.listing_done: Dict[int, List[Callable[[], None]]] = {}
         # each mount service's `ns` calls are numbered: a node that sees a
         # number skipped knows its copy missed changes (namespace_copy: gap)
         self.sent: Dict[str, int] = {}
@@ -115,6 +120,7 @@ class NamespaceFeed:
             feed.drop(sid)
         self.sent.pop(sid, None)
         self.held.pop(sid, None)
+        self.listing_out.pop(sid, None)
         self.last_call.pop(sid, None)
         self.head.cancel(self.timers.pop(sid, None))
         self.acked.pop(sid, None)
@@ -147,16 +153,51 @@ class NamespaceFeed:
         if not feed.ready:
             feed.waiting.append((sid, keys))
             return
+        self._list(mountpoint, feed, sid, keys)
+
+    def prefetch(self, mountpoint: str, sid: str, keys: List[str],
+                 done: Callable[[], None]) -> None:
+        """Send a node's mount the listings of `keys` it does not hold yet
+        (a recipe about to start in them); done() once it took them (at once
+        if it holds them all, or before the scans are in: its own looks
+        wait for the listings then)."""
+        feed = self.mounts.get(mountpoint)
+        if feed is None or not feed.ready:
+            done()
+            return
+        held = feed.by_sid.get(sid, set())
+        flying = self.listing_out.get(sid, {})
+        on_way = {flying[k] for k in keys if k in held and k in flying}
+        keys = [k for k in keys if k not in held]
+        one = after(len(on_way) + (1 if keys else 0), done)
+        for call in on_way:            # listings sent, not yet taken
+            self.listing_done.setdefault(call, []).append(one)
+        if keys:
+            self._list(mountpoint, feed, sid, keys, one)
+
+    def _list(self, mountpoint: str, feed: MountFeed, sid: str, keys: List[str],
+              done: Optional[Callable[[], None]] = None) -> None:
         listings = {}
+        self.listing_calls += 1
+        call = self.listing_calls
+        flying = self.listing_out.setdefault(sid, {})
         for key in keys:
             key = key.strip("/")
             feed.subscribe(sid, key)
             listings[key] = self.entries(mountpoint, key)
+            flying[key] = call
         self.directories_listed += len(listings)
+        self.listing_done[call] = [done] if done is not None else []
 
         def answered(ok: bool, error: str, result: Dict[str, Any]) -> None:
             if not ok:
                 self.head.log("gmount: listing for %s: %s" % (sid, error))
+            mine = self.listing_out.get(sid, {})
+            for key in listings:
+                if mine.get(key) == call:
+                    del mine[key]
+            for fn in self.listing_done.pop(call, []):
+                fn()
         self.head.call_role(sid, "listing", {"dirs": listings}, answered)
 
     def scanned(self, mountpoint: str) -> None:

@@ -175,14 +175,25 @@ class RecipeChanges:
                 if self.catalog.entry(os.path.join(m.mountpoint, rel)) != before.get(rel)
                 or rel in unstored]
 
-    def settle(self, node: str, done: Callable[[], None]) -> None:
+    def settle(self, node: str, done: Callable[[], None], cwd: Optional[str] = None) -> None:
         """A recipe is about to start on `node`: done() once the mount on its
-        host has taken every change the head has sent it (namespace_feed);
-        the other nodes' answers are not waited for."""
+        host has taken every change the head has sent it (namespace_feed)
+        and holds the listings of `cwd` and the directories above it (the
+        node's agent enters cwd for the job, and its own look into a
+        directory the copy lacks would ask every peer); the other nodes'
+        answers are not waited for."""
         info = self.head.node(node)
         host = info.hostname if info is not None else None
-        self.feed.node_barrier([sid for _m, _nid, sid in self._on_host(host, self.mounts.values())],
-                               done)
+        here = self._on_host(host, self.mounts.values())
+        inside = self._mount_of(os.path.normpath(cwd)) if cwd else None
+        prefetch = [(m, sid) for m, _nid, sid in here if m is inside and self.head.is_up(sid)]
+        one = after(1 + len(prefetch), done)
+        for m, sid in prefetch:
+            rel = os.path.relpath(os.path.normpath(str(cwd)), m.mountpoint)
+            parts = rel.split("/")
+            keys = [""] + ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+            self.feed.prefetch(m.mountpoint, sid, keys, one)
+        self.feed.node_barrier([sid for _m, _nid, sid in here], one)
 
     def sync(self, done: Callable[[], None]) -> None:
         """Every live mount sends what its change feed holds, the catalog takes

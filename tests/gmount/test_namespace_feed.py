@@ -170,3 +170,23 @@ def test_a_directory_made_here_is_answered_at_once_and_a_gap_starts_the_copy_ove
     copy.update({"d": {"y": [["n3", 2, 2.0, REG]]}})
     assert sorted(copy.forget_all()) == ["/d", "/d/y"]
     assert copy.holders("/d/y") is None and asked[-1] == ["d"]
+
+
+def test_a_recipe_start_sends_the_listings_of_its_directory_once():
+    head, catalog, feed = feed_with_files()
+    feed.scanned(MP)
+    done = []
+    feed.prefetch(MP, "s1", ["", "src"], lambda: done.append(1))
+    (sid, call, args, answer), = head.calls
+    assert (sid, call, sorted(args["dirs"])) == ("s1", "listing", ["", "src"])
+    feed.prefetch(MP, "s1", ["", "src"], lambda: done.append(2))    # on its way: waits for it
+    assert len(head.calls) == 1 and done == []
+    answer(True, "", {})
+    assert done == [1, 2]
+    feed.prefetch(MP, "s1", ["", "src"], lambda: done.append(3))    # held: at once
+    assert done == [1, 2, 3] and len(head.calls) == 1
+    # the node subscribed: a change under src reaches it
+    catalog.add(MP + "/src/e.c", "0.2", 1, 7.0, None, REG)
+    feed.touched(MP, ["src/e.c"])
+    head.end_round()
+    assert head.calls[-1][:2] == ("s1", "ns")
