@@ -39,12 +39,13 @@ if TYPE_CHECKING:
 MOUNT_WAIT = 20.0
 # Whether the kernel keeps missing names (negative entries for the attribute
 # timeout, each dropped through fuse_lowlevel_notify_inval_entry when the head
-# announces the name: kernel_cache.py). Off: on 64 test-bed hosts under heavy
-# load a node's cache thread stuck in the kernel's fuse_reverse_inval_entry
-# (waiting for a directory lock held by a request its FUSE workers never
-# answered) and hung the mount for good; until that is understood a miss
-# costs a call into the mount (answered from the copy, no network).
-KEEP_MISSES = False
+# announces the name: kernel_cache.py). The drop waits in the kernel for the
+# directory's lock, which a lookup in it holds until the mount answers: no
+# FUSE call may wait for the kernel cache thread (none does), and none waits
+# long (a look into a directory the copy lacks waits for one listing from the
+# head, no longer for every peer: at 64 hosts that fan-out kept lookups, and
+# with them the drop, waiting for minutes).
+KEEP_MISSES = True
 # seconds of changes made through the mount sent as one answer: the first
 # change after a quiet spell goes at once, a burst (tar, configure) then
 # goes to the head and back to the other nodes in a few rounds instead of a
