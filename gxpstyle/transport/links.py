@@ -155,6 +155,10 @@ class Link:
     def send(self, dst: str, src: str, msg: dict) -> None:
         self.send_frame(wire.encode_frame(dst, src, msg))
 
+    # Write what is queued now, not at the end of the round.
+    def push(self) -> None:
+        self._flush()
+
     def _writable(self) -> None:
         outq = self.outq
         while outq:
