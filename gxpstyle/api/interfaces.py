@@ -100,6 +100,8 @@ class ReplicaKeeper(Protocol):
                      done: Callable[[], None]) -> None:
         """Keep (or stop keeping) the copies of `paths` on `node`'s host from
         eviction; done() exactly once."""
+    # optional: home_path(path) -> (path, where the head keeps it, path below
+    # the keeper's root) when only other hosts hold `path`, else None
     # optional: settle(node, done, cwd): done() once what it keeps on `node`'s
     # host shows every change it has heard of and is ready for a job in `cwd`
     # (a recipe starts then); exactly once
@@ -177,6 +179,12 @@ class ReplicaAPI:
         """done() once every keeper's copies on `node`'s host show every change
         the keepers have heard of and are ready for a job in `cwd` (before a
         recipe starts there)."""
+        raise NotImplementedError
+
+    def home_path(self, path: str) -> Optional[Tuple[str, str, str]]:
+        """Where the head's own disk keeps `path` if only other hosts hold it
+        (results home): (path, that place, path below the keeper's root);
+        None if the head holds it or no keeper keeps it."""
         raise NotImplementedError
 
     def sync(self, done: Callable[[], None]) -> None:

@@ -173,6 +173,15 @@ class ReplicaService(Service, ReplicaAPI):
                 log_exception(self.head.log, "settle")
                 one()
 
+    def home_path(self, path: str) -> Optional[Tuple[str, str, str]]:
+        for k in self.keepers:
+            fn = getattr(k, "home_path", None)
+            if callable(fn):
+                got = fn(path)
+                if got is not None:
+                    return tuple(got)    # type: ignore[return-value]
+        return None
+
     def sync(self, done: Callable[[], None]) -> None:
         """Every keeper that can (ReplicaKeeper.sync) syncs; done() then."""
         syncing = [k for k in self.keepers if callable(getattr(k, "sync", None))]

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from gxpstyle.config import limits, safe_paths
 
 USAGE = """\
-usage: gxpc make [--local | --shared] [--joblog FILE] [--explain-placement]
+usage: gxpc make [--local | --shared] [--joblog FILE] [--explain-placement] [--home[=DIR]]
                  [--pull-threshold SIZE] [--transfer-slots N] [--trace=FILE] [MAKE-ARGUMENTS...]
 
 Run GNU make here, with each recipe on one of the session's nodes (chosen by the
@@ -41,6 +41,11 @@ waiting for a node; nodes busy).
   --explain-placement
                   a line per recipe on stderr: the node it runs on, why (input
                   bytes already there, load, a hint), input bytes it fetches
+  --home[=DIR]    results home: before gxpc make returns, every file its
+                  recipes made that only other hosts hold is copied to this
+                  host's own export of the GMount (same size and mtime: a
+                  replica), or with DIR into DIR (paths below make's directory
+                  kept); losing those hosts afterwards loses no result
   --pull-threshold SIZE
                   before a recipe runs, the inputs its node lacks are copied
                   there: from SIZE up the head pushes them (one transfer along
@@ -91,6 +96,7 @@ class Options:
         self.joblog: Optional[str] = None
         self.explain = False
         self.transfer: Dict[str, Any] = {}     # transfer_plan.py's options, as the env verb takes them
+        self.home: Optional[str] = None        # --home: "" for the export, else a directory
         self.make_args: List[str] = []
 
 
@@ -112,6 +118,8 @@ def split_own_options(args: List[str]) -> Options:
             o.shared = True
         elif own and a == "--explain-placement":
             o.explain = True
+        elif own and (a == "--home" or a.startswith("--home=")):
+            o.home = _home_dir(a[len("--home="):]) if a.startswith("--home=") else ""
         elif own and (a == "--joblog" or a.startswith("--joblog=")):
             a, i = _value(args, i, a, "--joblog", "a file name")
             o.joblog = a
@@ -177,6 +185,15 @@ def check_jobs(make_args: List[str]) -> None:
                 limits.check("jobs", int(value), "-j")
             except limits.RangeError as e:
                 raise MakeUsage(str(e))
+
+
+def _home_dir(d: str) -> str:
+    if not d:
+        raise MakeUsage("--home= needs a directory (--home alone: this host's export)")
+    d = os.path.abspath(d)
+    if not os.path.isdir(d):
+        raise MakeUsage("--home=%s: no such directory" % d)
+    return d
 
 
 def _value(args: List[str], i: int, a: str, name: str, what: str) -> Tuple[str, int]:
@@ -389,8 +406,11 @@ def main(client: Optional[Any], session_dir: str, args: List[str]) -> int:
     try:
         if opts.transfer.get("trace"):
             open_trace(opts.transfer["trace"])
-        return _run(client, session_dir, local, make_args, joblog, opts.shared, opts.explain,
-                    opts.transfer)
+        rc = _run(client, session_dir, local, make_args, joblog, opts.shared, opts.explain,
+                  opts.transfer)
+        if opts.home is not None and client is not None and not local and not opts.shared:
+            rc = results_home(client, opts.home, rc)
+        return rc
     finally:
         if joblog is not None:
             joblog.close()
@@ -441,3 +461,21 @@ def _run(client: Optional[Any], session_dir: str, local: bool, make_args: List[s
         return run_make(argv + make_args, env, relay.serve)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def results_home(client: Any, home: str, rc: int) -> int:
+    """--home: the head names the files this make's recipes made that only
+    other hosts hold, with where this host keeps them; each is copied
+    there through the mount. Returns make's status, or 1 if make succeeded
+    but a file could not come home (each said in one line)."""
+    from make_backend.command.results_home import bring_home
+    status, res = client.call("home", {"phase": "plan"})
+    if status != 0:
+        sys.stderr.write("gxpc make: results stay on the nodes: %s\n" % res.get("error", "no answer"))
+        return rc or 1
+    failed = bring_home([(str(a), str(b), str(c)) for a, b, c in res.get("files") or []],
+                        home or None, os.getcwd())
+    client.call("home", {"phase": "done"})
+    for line in failed:
+        sys.stderr.write("gxpc make: %s\n" % line)
+    return rc or (1 if failed else 0)

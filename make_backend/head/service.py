@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 from gxpstyle.api.interfaces import BcastAPI, ReplicaAPI, Shell
 from gxpstyle.api.services import Service, Verb
@@ -48,6 +48,11 @@ JOB_ARGS = Rec({"cmd": Str(1 << 20)},
 ENV_ARGS = Rec({"env": _ENV}, {"pull_threshold": Int(0, INF), "transfer_slots": Int(1, 64),
                                "pull_order": Str(8), "trace": Str(4096)})
 SETTLED_ARGS = Rec({"job": Int(0, 1 << 62)})
+# `gxpc make --home`: "plan" names the files to copy home, "done" once copied
+HOME_ARGS = Rec({"phase": Str(8)})
+# a file whose mtime is this much older than the make's start is an input
+# it found, not one of its results (mtimes of other hosts' clocks)
+HOME_CLOCK_SLACK = 2.0
 NODE_VARS = ("GXP_NODE_ID", "GXP_HOSTNAME")   # the node's own, never the make's
 
 if TYPE_CHECKING:
@@ -85,6 +90,8 @@ class MakeService(Service):
         self.envs: Dict[str, Dict[str, Optional[str]]] = {}   # client -> its make's environment
         self.waiting: List[Waiting] = []
         self.paths: Dict[Tuple[str, int], List[str]] = {}     # running recipe -> its paths
+        # per make: when it began, and the paths its succeeded recipes named
+        self.made: Dict[str, Tuple[float, Set[str]]] = {}
         self.settling: Dict[Tuple[str, int], Settling] = {}
         self._timer: Optional[int] = None
         self._timer_at = 0.0
@@ -97,7 +104,7 @@ class MakeService(Service):
 
     def verbs(self) -> Dict[str, Verb]:
         return {"job": Verb(self.req_job, JOB_ARGS), "env": Verb(self.req_env, ENV_ARGS),
-                "settled": Verb(self.req_settled, SETTLED_ARGS)}
+                "settled": Verb(self.req_settled, SETTLED_ARGS), "home": Verb(self.req_home, HOME_ARGS)}
 
     def req_env(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         if args.get("trace") and not str(args["trace"]).startswith("/"):
@@ -110,11 +117,13 @@ class MakeService(Service):
                                           % (args.get("trace"), e.strerror or e)})
             return
         self.bases.pop(cid, None)
+        self.made[cid] = (time.time(), set())
         # what was done through the mounts before make started, its recipes see
         self.replicas.sync(lambda: self.head.reply(cid, req, 0, {}))
 
     def client_closed(self, client: str) -> None:
         self.envs.pop(client, None)
+        self.made.pop(client, None)
         self.bases.pop(client, None)
         self.waiting = [w for w in self.waiting if w.cid != client]
         for key in [k for k in self.settling if k[0] == client]:
@@ -310,6 +319,8 @@ class MakeService(Service):
         if traced is not None and trace is not None:
             trace.recipe(traced[0], traced[1], traced[2], time.time(), status)
         paths = self.paths.pop(key, None)
+        if paths is not None and status == 0 and client in self.made:
+            self.made[client][1].update(paths)
         if paths is not None and status == 0:
             # a success counts once every mount shows its files as they are
             self.replicas.files_changed(node, paths, lambda: self._acted(key))
@@ -340,3 +351,25 @@ class MakeService(Service):
             self.head.reply(cid, req, 0, {})
             return
         s.req = req
+
+    # -- results home (gxpc make --home) ------------------------------------------------
+    def req_home(self, cid: str, req: int, args: Dict[str, Any]) -> None:
+        """plan: the files this make's recipes named that were written since it
+        began and that only other hosts hold, each with where the head's own
+        export keeps it; done: the copies are made, every mount's change
+        feed reaches the catalog (so the head counts as a holder) first."""
+        if args["phase"] == "done":
+            self.replicas.sync(lambda: self.head.reply(cid, req, 0, {}))
+            return
+        if args["phase"] != "plan":
+            raise ValueError("home: phase is plan or done, got %r" % args["phase"])
+        began, named = self.made.pop(cid, (0.0, set()))
+        files = []
+        for path in sorted(named):
+            reps = self.replicas.replicas(path)
+            if not reps or max(m for _s, m, _h in reps.values()) < began - HOME_CLOCK_SLACK:
+                continue
+            home = self.replicas.home_path(path)
+            if home is not None:
+                files.append(list(home))
+        self.head.reply(cid, req, 0, {"files": files})

@@ -81,7 +81,8 @@ class KernelCache:
         return self.lib is not None and bool(self.fuse)
 
     def invalidate_paths(self, paths: Iterable[str],
-                         exists: Optional[Callable[[str], bool]] = None) -> int:
+                         exists: Optional[Callable[[str], bool]] = None,
+                         gone: Optional[Callable[[str], bool]] = None) -> int:
         """Drop the kernel's caches for each path (relative to the mount's
         root, starting with '/') and for its directory (its times and size
         changed with the name). Returns how many the kernel had cached; a path
@@ -89,7 +90,11 @@ class KernelCache:
         A path the kernel did not know and that `exists` says is not there
         either (make's candidate names a recipe never made) leaves its
         directory alone: dropping a recipe's cwd's attributes for it would
-        cost the next chdir a lookup on every peer."""
+        cost the next chdir a lookup on every peer. A name the kernel holds
+        that `gone` says no longer exists anywhere loses its dentry too: its
+        attributes alone would leave the kernel sure it exists for the
+        entry timeout (an open with O_CREAT then reaches the old inode and
+        fails: "Directory nonexistent")."""
         if not self.usable:
             return 0
         dropped = 0
@@ -102,6 +107,8 @@ class KernelCache:
             rc = self._drop(p)
             if rc == 0:
                 dropped += 1
+                if self.session and gone is not None and gone(p):
+                    self._drop_entry(p, ids)
             elif rc == -errno.ENOENT:
                 # a name this node's export holds was made through this
                 # mount (the kernel's entry for it is that very change's) or
@@ -120,11 +127,12 @@ class KernelCache:
         return dropped
 
     def _drop_entry(self, path: str, ids: Dict[str, int]) -> None:
-        """The dentry of a name the kernel holds no inode of: a negative one,
-        if any. Only those: dropping a directory's positive dentry would
-        leave the processes working in it without a current directory
-        (getcwd: ENOENT); a positive one is asked again after the entry
-        timeout, and its inode's attributes went at once. `ids`: parents'
+        """The dentry of a name the kernel holds no inode of (a negative one,
+        if any), or of a name gone everywhere. Never that of a name that
+        still exists: a directory's would leave the processes working in it
+        without a current directory (getcwd: ENOENT); a positive one is
+        asked again after the entry timeout, and its inode's attributes
+        went at once. `ids`: parents'
         node ids found so far (each stat'ed through the mount once)."""
         d, name = os.path.split(path)
         d = d or "/"

@@ -140,6 +140,14 @@ class NamespaceCopy:
             if d in self.asked:
                 self.looked.setdefault(d, set()).add(name)
 
+    def known_gone(self, path: str) -> bool:
+        """Whether the copy holds `path`'s directory and no holder of it
+        (never asks the head)."""
+        d, name = split(path)
+        with self.lock:
+            got = self.dirs.get(d)
+            return got is not None and not got.get(name)
+
     def held(self, key: str) -> bool:
         with self.lock:
             return key in self.dirs

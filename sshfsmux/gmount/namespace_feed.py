@@ -248,7 +248,8 @@ class NamespaceFeed:
         if not waits:
             done()
             return
-        self.node_waiters.extend((sid, n, after(len(waits), done)) for sid, n in waits)
+        one = after(len(waits), done)      # one counter for all of them
+        self.node_waiters.extend((sid, n, one) for sid, n in waits)
 
     def _acked(self, sid: str, seq: int) -> None:
         above = self.acked_above.setdefault(sid, set())

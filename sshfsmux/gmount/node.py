@@ -284,7 +284,8 @@ class GMountNode(NodeSide):
     def _drop_kernel_entries(self, paths: List[str]) -> None:
         kc = self.kcache
         if kc is not None and paths:
-            self.kernel_work.put(lambda: kc.invalidate_paths(paths, exists=self.in_export))
+            self.kernel_work.put(lambda: kc.invalidate_paths(paths, exists=self.in_export,
+                                                             gone=self._gone))
 
     def namespace_changed(self, args: Dict[str, Any], reply: Reply) -> None:
         """Changes the head saw under directories this mount holds: into the
@@ -303,7 +304,7 @@ class GMountNode(NodeSide):
 
         def work() -> None:
             try:
-                kc.invalidate_paths(paths, exists=self.in_export)
+                kc.invalidate_paths(paths, exists=self.in_export, gone=self._gone)
             except Exception as e:
                 self.log("cannot drop kernel caches: %s" % e)
             self.in_loop(reply, True, "", {})
@@ -321,6 +322,12 @@ class GMountNode(NodeSide):
         self.log("gmount: namespace changes %d to %d never came: every listing is fetched "
                  "again" % (last + 1, seq - 1))
         return self.fs.namespace.forget_all()
+
+    def _gone(self, path: str) -> bool:
+        """`path` ("/a/b") is in no export: not in ours, and the copy holds
+        its directory without it."""
+        ns = self.fs.namespace if self.fs is not None else None
+        return ns is not None and ns.known_gone(path) and not self.in_export(path)
 
     def _dir_held(self, path: str) -> bool:
         ns = self.fs.namespace if self.fs is not None else None

@@ -287,6 +287,23 @@ class GMountService(RecipeChanges, Service):
                 return m
         return None
 
+    def home_path(self, path: str) -> Optional[Tuple[str, str, str]]:
+        """Results home (ReplicaKeeper): `path`'s place in the head host's
+        export when only other hosts' exports hold it (a copy in the head's
+        replica store does not count: it goes with the last export holding
+        the file)."""
+        p = os.path.normpath(path)
+        m = self._mount_of(p)
+        info = self.head.node(wire.HEAD)
+        if m is None or info is None:
+            return None
+        rel = os.path.relpath(p, m.mountpoint)
+        mine = [nid for _m, nid, _sid in self._on_host(info.hostname, [m])]
+        holders = self.catalog.holders(p)
+        if not mine or not holders or any(n in holders and (n, rel) not in m.adopted for n in mine):
+            return None
+        return p, os.path.join(m.export, rel), rel
+
     def watched_paths(self) -> List[str]:
         """Files under a mountpoint are what a mount caches (ReplicaAPI.watched)."""
         return list(self.mounts)

@@ -190,3 +190,22 @@ def test_a_recipe_start_sends_the_listings_of_its_directory_once():
     feed.touched(MP, ["src/e.c"])
     head.end_round()
     assert head.calls[-1][:2] == ("s1", "ns")
+
+
+def test_a_barrier_on_several_nodes_ends_once_each_has_answered():
+    head, catalog, feed = feed_with_files()
+    feed.scanned(MP)
+    feed.asked(MP, "s1", ["src"])
+    feed.asked(MP, "s2", ["src"])
+    head.calls.clear()
+    catalog.add(MP + "/src/f.c", "0.1", 3, 8.0, None, REG)
+    feed.touched(MP, ["src/f.c"])
+    head.end_round()
+    answers = {sid: done for sid, call, _args, done in head.calls if call == "ns"}
+    assert sorted(answers) == ["s1", "s2"]
+    ended = []
+    feed.node_barrier(["s1", "s2"], lambda: ended.append(1))
+    answers["s1"](True, "", {})
+    assert ended == []
+    answers["s2"](True, "", {})
+    assert ended == [1]

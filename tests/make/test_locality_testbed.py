@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pathlib
 import shutil
 import time
 import uuid
@@ -395,3 +396,48 @@ def test_a_collocation_hint_on_a_directory_is_honoured(mounted):
         assert len(free) >= 3, (free, r.stderr.decode())
     finally:
         _as_user(g, ["rm", "-rf", work])
+
+
+HOME_MAKEFILE = ("all: a.out sub/b.out\n"
+                 "a.out: GXP_ON = tl03\na.out:\n\thead -c 70000 /dev/urandom > $@\n"
+                 "sub/b.out: GXP_ON = tl04\nsub/b.out:\n\tmkdir -p sub && hostname > $@\n")
+
+
+def test_results_home_outlive_the_hosts_that_made_them(mounted, bed):
+    """MFS's property (issue 28): `gxpc make --home` returns once every file
+    its recipes made on other hosts is also in the head's own export (same
+    bytes, mode and mtime: a replica, not a conflict); removed from the
+    hosts that made them, they still show through the mount. `--home=DIR`
+    puts them into DIR instead."""
+    g, mnt = mounted
+    export = mnt.replace("gxlmnt-", "gxlexp-")
+    work = _workdir(g, mnt, HOME_MAKEFILE)
+    rel = os.path.relpath(work, mnt)
+    home_dir = pathlib.Path("/tmp/gxphome-" + uuid.uuid4().hex[:8])
+    try:
+        r = _as_user(g, g.argv(["make", "--home", "-j4"]), cwd=work)
+        assert r.returncode == 0, r.stderr
+        for name, host in (("a.out", "tl03"), ("sub/b.out", "tl04")):
+            made = os.path.join(bed.host(host).tmp_dir, os.path.relpath(export, "/tmp"), rel, name)
+            home = os.path.join(export, rel, name)
+            with open(made, "rb") as f1, open(home, "rb") as f2:
+                assert f1.read() == f2.read()
+            s1, s2 = os.stat(made), os.stat(home)
+            # the mtime as the mount shows it: to the microsecond (a float)
+            assert s1.st_mode == s2.st_mode and abs(s1.st_mtime_ns - s2.st_mtime_ns) < 1000, (s1, s2)
+            assert _location(g, os.path.join(work, name)) == {host, "head"}
+            os.unlink(made)             # the host that made it loses it
+        assert len(_read(g, os.path.join(work, "a.out"))) == 70000
+        assert _read(g, os.path.join(work, "sub/b.out")).strip() == b"tl04"
+        # into a directory of the user's: paths below make's directory
+        home_dir.mkdir()
+        shutil.chown(home_dir, g.user)
+        r = _as_user(g, ["sh", "-c", "rm -f a.out sub/b.out"], cwd=work)
+        assert r.returncode == 0, r.stderr
+        r = _as_user(g, g.argv(["make", "--home=%s" % home_dir, "-j4"]), cwd=work)
+        assert r.returncode == 0, r.stderr
+        assert (home_dir / "a.out").stat().st_size == 70000
+        assert (home_dir / "sub" / "b.out").read_text().strip() == "tl04"
+    finally:
+        _as_user(g, ["rm", "-rf", work])
+        shutil.rmtree(home_dir, ignore_errors=True)

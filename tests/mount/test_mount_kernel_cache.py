@@ -84,3 +84,16 @@ def test_a_name_in_this_nodes_export_keeps_its_dentry(tmp_path):
     kc = KernelCache(lib, 1, mountpoint=str(tmp_path))
     kc.invalidate_paths(["/w/mine", "/w/theirs"], exists=lambda p: p == "/w/mine")
     assert lib.entries == [((tmp_path / "w").stat().st_ino, "theirs")]
+
+
+def test_a_name_the_kernel_holds_that_is_gone_everywhere_loses_its_dentry(tmp_path):
+    """Removed behind the mount's back: its attributes alone would leave the
+    kernel sure it exists for the entry timeout (a recipe's `> out` then
+    failed: "Directory nonexistent"); a name that still exists elsewhere
+    keeps its dentry."""
+    (tmp_path / "w").mkdir()
+    lib = FakeLowLevel({"/w", "/w/gone", "/w/changed"})
+    kc = KernelCache(lib, 1, mountpoint=str(tmp_path))
+    kc.invalidate_paths(["/w/gone", "/w/changed"], exists=lambda p: False,
+                        gone=lambda p: p == "/w/gone")
+    assert lib.entries == [((tmp_path / "w").stat().st_ino, "gone")]
