@@ -34,6 +34,11 @@ Layout of the bed directory ``/var/tmp/gxptb-<tag>`` (0755)::
     hosts/<name>/keys/    host keys (0700)
     hosts/<name>/sshd_config, boot.sh, sshd.log, sshd.pid
 
+Sites (``up_sites(...)`` instead of ``up``, sites.py): groups of hosts on
+bridges of their own, each reached only through its gateway, the gateways
+and the head joined by a WAN with its own latency (a delaying relay in a
+router namespace, wan_relay.py: there is no netem here) and bandwidth (tbf).
+
 CPU share (optional, ``up(..., cpu_share=0.25)``): a cgroup v1 cpu controller
 group ``/sys/fs/cgroup/cpu/gxptb<tag>-<host>`` per host whose CFS quota is that
 fraction of one CPU; the host's sshd starts in it, so every process of the
