@@ -56,6 +56,7 @@ MAX_PENDING = 100000    # paths kept between answers (more: the catalog misses s
 
 # What the head pushes to a node for this service, dependencies first.
 NODE_MODULES = [
+    "gxpstyle.node.tree_streams",    # the data channel's way where no direct one exists
     "sshfsmux.branches.branch", "sshfsmux.branches.confined_paths", "sshfsmux.direct.transport",
     "sshfsmux.direct.protocol",
     "sshfsmux.branches.local_syscalls", "sshfsmux.branches.local_branch",
@@ -224,7 +225,8 @@ class GMountNode(NodeSide):
             host = pick_address(list(p.get("addrs") or []), self.own)
             branches.append(DirectBranch(host, int(p["port"]), self.key, self.pin,
                                          node=str(p["node"]), cipher=cfg.cipher, cache=cache,
-                                         timeout=cfg.timeout))
+                                         timeout=cfg.timeout,
+                                         via_tree=self._tree_way(p.get("id"), int(p["port"]))))
         fs = merged_fs.MergedFS(branches, mountpoint=cfg.mountpoint, read_only=cfg.ro,
                                 node=cfg.host_name, log=self.log, branch_places=cfg.places,
                                 on_ready=self._fuse_ready)
@@ -234,6 +236,19 @@ class GMountNode(NodeSide):
         calls = self.server.stats["calls"]
         fs.served = lambda: dict(calls)
         return fs
+
+    def _tree_way(self, node_id: Optional[str], port: int) -> Optional[Callable[[float], Any]]:
+        """How a peer's export is reached when no direct connection can be
+        made: a stream along the tree to its agent (NodeHost.open_stream)."""
+        host = self.host
+        if not node_id or host is None:
+            return None
+
+        def through_tree(timeout: float) -> Any:
+            sock = host.open_stream(node_id, port, timeout)
+            self.log("data channel to %s: along the tree (no direct connection)" % node_id)
+            return sock
+        return through_tree
 
     def _watch_export(self) -> None:
         """Changes made straight into the export go into the change feed too."""
