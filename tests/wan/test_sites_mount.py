@@ -88,6 +88,7 @@ total.txt: a.up b.up
 
 
 def test_mount_read_write_and_make_across_sites(bed):
+    baseline = {n: bed.host(n).mounts() for n in ALL}
     with mounted_sites(bed) as (g, export, mnt):
         put(bed, "sb03", export, "only_sb03.txt", "held on site b\n")
         r = on(bed, "sa02", "cat %s/only_sb03.txt" % mnt)
@@ -131,3 +132,9 @@ def test_mount_read_write_and_make_across_sites(bed):
                     assert r.returncode == 0 and r.stdout == want, (host, name, r.stderr)
         finally:
             shutil.rmtree(local)
+    # nothing left behind on any host: no process, no mount
+    deadline = time.monotonic() + 10
+    while any(bed.host(n).pids() for n in ALL) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for n in ALL:
+        assert bed.host(n).pids() == [] and bed.host(n).mounts() == baseline[n], n
