@@ -20,13 +20,15 @@ Layout (X, Y, W: free 10.200.N subnets)::
 A gateway is known everywhere by its WAN address (ssh_config, /etc/hosts);
 its site's hosts reach that address through the gateway's address on their
 bridge (a host route) and have no other route off their subnet, so anything
-else fails at once ("Network is unreachable").  The head routes the sites'
-subnets to the router, which has no route for them: connecting from the head
-or a gateway to another site's host fails at once too ("Network is
-unreachable", the router's ICMP answer; within a second when that answer races
-connect() and waits for the SYN's retransmission: ICMP is not queued for a
-socket its owner holds, so no answer here can be both immediate and certain
-short of a route in the root namespace that would outlive a crash).
+else fails at once ("Network is unreachable").  A gateway routes only the
+WAN's subnet, to the router: another site's host is unreachable from it at
+once too.  The head routes the sites' subnets to the router, which has no
+route for them: connecting from the head to a site's host fails at once
+("Network is unreachable", the router's ICMP answer; within a second when
+that answer races connect() and waits for the SYN's retransmission: ICMP is
+not queued for a socket its owner holds, so no answer here can be both
+immediate and certain short of a route in the root namespace that would
+outlive a crash).
 Gateways do not forward.  Every TCP connection between a gateway and another
 gateway or the head crosses the router and so the relay: one-way delay
 wan_rtt_ms / 2 per direction; tbf on both ends of each WAN link gives each
@@ -240,7 +242,8 @@ class SiteNetwork:
             "echo 1 > /proc/sys/net/ipv6/conf/wan0/disable_ipv6 || true",
             f"ip addr add {gw_wan} peer {router} dev wan0",
             "ip link set wan0 up",
-            f"ip route add default via {router} dev wan0",
+            # the WAN's addresses only: another site's subnet is unreachable here, at once
+            f"ip route add {wan}.0/24 via {router} dev wan0",
             f"tc qdisc add dev wan0 {tbf}",
         ]
         self.hosts[gw_name] = gw
