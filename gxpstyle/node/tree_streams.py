@@ -1,6 +1,6 @@
 """Byte streams along the tree: where a node cannot open a TCP connection to a
 port on another node's host (sites whose hosts reach nothing outside but
-through their gateway: issue 28), it asks the tree to carry one.
+through their gateway), it asks the tree to carry one.
 
     sock = host.open_stream(node_id, port, timeout)    # NodeHost, off the loop
 
@@ -15,12 +15,16 @@ and a node that is not the peer it proved to be gets nothing.
 
 Why a byte stream offered by the core, and not each service relaying its own
 messages along the tree: the core knows nothing of mounts or transfers (a
-stream is a port and bytes), a service keeps one transport whether or not the
-network lets it connect (found by trying: a direct connect refused,
-unreachable or not answering falls back to the tree, never configured), and
-what later sits between a site and the WAN (a site's caching proxy, the WAN's
-byte counts) can count or serve at the point where a stream leaves a site
-without learning any service's protocol.
+stream is a port and bytes); a service keeps one transport, with its own
+end-to-end authentication, whether or not the network lets it connect (found
+by trying: a direct connect refused, unreachable or not answering falls back
+to the tree, never configured), where relaying its frames would put its
+protocol and its trust in every agent on the way and give each service a
+relay and a flow control of its own; and what later sits between a site and
+the WAN needs no protocol of a service: a site's caching proxy is one more
+client of the exports (it reaches them directly or by a stream, as any node,
+and serves its site), and the WAN's bytes can be counted where a stream's
+frames leave a site.
 
 Messages (core ops, wire.py), `sid` is "<opener id>/<n>", unique in the session:
   stream_open   {sid, port}          opener -> node: connect to 127.0.0.1:port
@@ -30,6 +34,12 @@ Messages (core ops, wire.py), `sid` is "<opener id>/<n>", unique in the session:
                                      the receiver's socket
   stream_close  {sid, reason}        either way, or from the agent that could not
                                      route a frame of the stream
+A frame of a stream that an agent cannot route (its node was lost) gets its
+sender a stream_close at once; a stream whose other end is lost while
+nothing flows stays open until its local socket closes (the service's own
+bounds) or the session ends: no node is told of another's loss, and no timer
+watches an idle stream.
+
 Flow control: a sender keeps at most WINDOW bytes unacknowledged and stops
 reading its socket until acks come, so a stream never holds more than WINDOW
 in the tree's links or a slow reader's memory. Only loopback ports of the

@@ -9,7 +9,7 @@ certificate's SHA-256 (unused with cipher=False, which keeps the mutual HMAC
 authentication and authenticates every frame, but sends data in clear).
 
 One persistent connection carries every call (direct_channel). Where the
-export's host cannot be reached directly (another site: issue 28), `via_tree`
+export's host cannot be reached directly (another site), `via_tree`
 opens the connection along the session's tree instead, found by trying
 (transport.connect); TLS and the proofs run end to end over it the same. If it drops, the
 next call connects again (once per call); a call that may already have reached
@@ -50,6 +50,22 @@ if TYPE_CHECKING:
 CALL_SECONDS = 20.0         # default: a call, or a stream standing still, longer than this fails
 MAX_CALL_SECONDS = 3600.0
 RETRY_SECONDS = 5.0         # after the export stopped answering, calls fail at once this long
+
+
+def tree_way(host: Any, node_id: Optional[str], port: int,
+             log: Optional[Callable[[str], None]] = None) -> Optional[Callable[[float], Any]]:
+    """How a peer's export is reached when no direct connection can be made:
+    a stream along the session's tree to its agent (`host`: the node side's
+    NodeHost, whose open_stream gives it); None without a host or a peer id."""
+    if not node_id or host is None:
+        return None
+
+    def through_tree(timeout: float) -> Any:
+        sock = host.open_stream(node_id, port, timeout)
+        if log is not None:
+            log("data channel to %s: along the tree (no direct connection)" % node_id)
+        return sock
+    return through_tree
 
 
 # --- the branch -----------------------------------------------------------------

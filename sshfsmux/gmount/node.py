@@ -214,7 +214,7 @@ class GMountNode(NodeSide):
     def _merged_fs(self, peers: List[Dict[str, Any]]) -> Any:
         from sshfsmux.branches.local_branch import LocalBranch
         from sshfsmux.branches.replica_cache import ReplicaCache
-        from sshfsmux.direct.branch import DirectBranch
+        from sshfsmux.direct.branch import DirectBranch, tree_way
         from sshfsmux.fs import merged_fs
 
         cfg = self.cfg
@@ -225,8 +225,8 @@ class GMountNode(NodeSide):
             host = pick_address(list(p.get("addrs") or []), self.own)
             branches.append(DirectBranch(host, int(p["port"]), self.key, self.pin,
                                          node=str(p["node"]), cipher=cfg.cipher, cache=cache,
-                                         timeout=cfg.timeout,
-                                         via_tree=self._tree_way(p.get("id"), int(p["port"]))))
+                                         timeout=cfg.timeout, via_tree=tree_way(
+                                             self.host, p.get("id"), int(p["port"]), self.log)))
         fs = merged_fs.MergedFS(branches, mountpoint=cfg.mountpoint, read_only=cfg.ro,
                                 node=cfg.host_name, log=self.log, branch_places=cfg.places,
                                 on_ready=self._fuse_ready)
@@ -236,19 +236,6 @@ class GMountNode(NodeSide):
         calls = self.server.stats["calls"]
         fs.served = lambda: dict(calls)
         return fs
-
-    def _tree_way(self, node_id: Optional[str], port: int) -> Optional[Callable[[float], Any]]:
-        """How a peer's export is reached when no direct connection can be
-        made: a stream along the tree to its agent (NodeHost.open_stream)."""
-        host = self.host
-        if not node_id or host is None:
-            return None
-
-        def through_tree(timeout: float) -> Any:
-            sock = host.open_stream(node_id, port, timeout)
-            self.log("data channel to %s: along the tree (no direct connection)" % node_id)
-            return sock
-        return through_tree
 
     def _watch_export(self) -> None:
         """Changes made straight into the export go into the change feed too."""

@@ -137,4 +137,5 @@ def test_mount_read_write_and_make_across_sites(bed):
     while any(bed.host(n).pids() for n in ALL) and time.monotonic() < deadline:
         time.sleep(0.1)
     for n in ALL:
-        assert bed.host(n).pids() == [] and bed.host(n).mounts() == baseline[n], n
+        # (a mount of another run copied into the host at its start may go meanwhile)
+        assert bed.host(n).pids() == [] and set(bed.host(n).mounts()) <= set(baseline[n]), n
