@@ -96,3 +96,25 @@ def test_without_a_tree_way_refused_fails_as_before(tmp_path, make_server, make_
     server = make_server(root)
     b = make_branch(server, port=free_port())
     assert errno_of(b.getattr, "/") == errno.EIO and not b.tree_only
+
+
+def test_an_address_that_does_not_answer_within_the_bound_is_passed_over(tmp_path, make_server,  # noqa: F811
+                                                                          make_branch):  # noqa: F811
+    """A listener that never answers (a half-open path, a host that is gone):
+    the direct attempt ends at the connect bound, then the tree is taken."""
+    root = tmp_path / "export"
+    root.mkdir()
+    write_file(root, "f", b"late but there\n")
+    server = make_server(root)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)          # never accepted: connect() succeeds, nothing answers
+    try:
+        ways: list = []
+        b = make_branch(server, port=silent.getsockname()[1], connect_timeout=1.0,
+                        via_tree=tree_way(server, ways))
+        t = time.monotonic()
+        assert read_all(b, "/f") == b"late but there\n"
+        assert len(ways) == 1 and 1.0 <= time.monotonic() - t < 10
+    finally:
+        silent.close()

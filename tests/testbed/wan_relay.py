@@ -110,9 +110,12 @@ def reset(writer: asyncio.StreamWriter) -> None:
     writer.close()
 
 
-async def relay(delay: float, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def relay(delay: float, own_port: int, reader: asyncio.StreamReader,
+                writer: asyncio.StreamWriter) -> None:
     try:
         host, port = original_destination(writer.get_extra_info("socket"))
+        if port == own_port:        # not redirected: someone dialled the relay itself
+            raise ConnectionRefusedError(host)
         far_reader, far_writer = await asyncio.open_connection(host, port)
     except OSError:
         reset(writer)
@@ -131,7 +134,7 @@ async def relay(delay: float, reader: asyncio.StreamReader, writer: asyncio.Stre
 
 
 async def serve(port: int, delay: float) -> None:
-    server = await asyncio.start_server(lambda r, w: relay(delay, r, w), "0.0.0.0", port,
+    server = await asyncio.start_server(lambda r, w: relay(delay, port, r, w), "0.0.0.0", port,
                                         reuse_address=True, backlog=1024)
     print("ready", flush=True)
     async with server:
