@@ -80,6 +80,7 @@ class _End:
         self.fd = sock.fileno()
         self.unacked = 0                 # sent to the peer, not yet acknowledged
         self.reading = False
+        self.held = False                # until the congested parent link drains
         self.sent_eof = False
         self.out: collections.deque = collections.deque()   # from the peer, for the socket
         self.out_bytes = 0
@@ -171,7 +172,7 @@ class TreeStreams:
 
     # -- both ends --------------------------------------------------------------
     def _read_on(self, end: _End) -> None:
-        if not end.reading and not end.sent_eof and end.unacked < WINDOW:
+        if not end.reading and not end.held and not end.sent_eof and end.unacked < WINDOW:
             end.reading = True
             self.loop.add_reader(end.fd, lambda: self._readable(end))
 
@@ -196,7 +197,25 @@ class TreeStreams:
             self._read_off(end)
         self.node.send(end.peer, {"op": "stream_data", "sid": end.sid, "data": data,
                                   "eof": not data})
+        self._hold_while_congested(end)
         self._maybe_done(end)
+
+    def _hold_while_congested(self, end: _End) -> None:
+        """A stream going up shares its node's link with everything else that
+        does: while that link is congested, stop reading (as the agent stops
+        its children and jobs), so many streams' windows do not pile up there."""
+        parent = getattr(self.node, "parent", None)
+        if (parent is None or not parent.congested or end.held
+                or wire.is_descendant(end.peer, self.node.id)):
+            return
+        end.held = True
+        self._read_off(end)
+
+        def drained() -> None:
+            end.held = False
+            if self.ends.get(end.sid) is end:
+                self._read_on(end)
+        parent.when_drained(drained)
 
     def _mine(self, src: str, msg: Dict[str, Any]) -> Optional[_End]:
         end = self.ends.get(msg["sid"])

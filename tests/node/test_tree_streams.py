@@ -27,11 +27,14 @@ class FakeNode:
         self.nodes, self.id, self.name, self.loop = nodes, node_id, "host-" + node_id, loop
         self.streams = tree_streams.TreeStreams(self)
         self.most_unacked = 0
+        self.data_sent = 0
         nodes[node_id] = self
 
     def send(self, dst: str, msg: dict) -> None:
         _, src, body = wire.split_frame(wire.encode_frame(dst, self.id, msg)[4:])
         checked = wire.decode_message(body)
+        if checked["op"] == "stream_data":
+            self.data_sent += len(checked["data"])
         for end in self.streams.ends.values():
             self.most_unacked = max(self.most_unacked, end.unacked)
         peer = self.nodes.get(dst)
@@ -153,3 +156,48 @@ def test_a_stream_id_not_of_its_sender_is_refused(nodes, echo_port):
     assert wait_until(lambda: answers)
     assert answers[0]["ok"] is False and "bad stream id" in answers[0]["error"]
     assert b.streams.ends == {}
+
+
+class CongestedParent:
+    """A parent link whose queue is over its high-water mark until drain()."""
+
+    def __init__(self) -> None:
+        self.congested = True
+        self.waiters: list = []
+
+    def when_drained(self, cb) -> None:
+        self.waiters.append(cb)
+
+    def drain(self) -> None:
+        self.congested = False
+        waiters, self.waiters = self.waiters, []
+        for cb in waiters:
+            cb()
+
+
+def test_a_stream_going_up_holds_while_its_parent_link_is_congested(nodes, echo_port):
+    a = nodes["0.1"]
+    a.parent = CongestedParent()
+    sock = a.streams.open("0.2.3", echo_port, 10)
+    data = os.urandom(4 * wire.CHUNK)
+    got = bytearray()
+
+    def read_all():
+        while len(got) < len(data):
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                return
+            got.extend(chunk)
+
+    reader = threading.Thread(target=read_all)
+    reader.start()
+    writer = threading.Thread(target=sock.sendall, args=(data,))
+    writer.start()
+    assert wait_until(lambda: a.parent.waiters)
+    time.sleep(0.3)
+    assert 0 < a.data_sent <= wire.CHUNK     # one read, then it waits for the drain
+    a.loop.call_soon_threadsafe(a.parent.drain)
+    writer.join(30)
+    reader.join(30)
+    assert bytes(got) == data
+    sock.close()
