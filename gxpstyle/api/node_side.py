@@ -10,6 +10,8 @@ Shipped to agents: standard library only, Python 3.8 syntax.
 """
 from __future__ import annotations
 
+import errno
+
 from gxpstyle.protocol import wire
 from gxpstyle.protocol.schema import SchemaError
 
@@ -67,7 +69,11 @@ class NodeHost:
         `node_id`'s host, for a peer this host cannot connect to itself
         (gxpstyle/node/tree_streams.py); OSError in words if it cannot be had
         within `timeout`. Blocks: call it from a thread of the side's own."""
-        return self._node.streams().open(node_id, port, timeout)
+        streams = self._node.streams()
+        if streams is None:
+            raise OSError(errno.ENOSYS, "%s cannot carry a stream: the head did not push "
+                          "gxpstyle.node.tree_streams to it" % self.name)
+        return streams.open(node_id, port, timeout)
 
 
 class NodeSide:

@@ -201,3 +201,23 @@ def test_a_stream_going_up_holds_while_its_parent_link_is_congested(nodes, echo_
     reader.join(30)
     assert bytes(got) == data
     sock.close()
+
+
+def test_a_node_without_the_module_says_so_in_words():
+    from gxpstyle.api.node_side import NodeHost
+
+    class Bare:
+        id, name, secret, opts = "0.4", "host-0.4", b"", {}
+        loop = EventLoop()
+        log = tls_files = ensure_session_dir = None
+
+        def streams(self):
+            return None
+
+    host = NodeHost(Bare(), "gmount")
+    try:
+        with pytest.raises(OSError) as e:
+            host.open_stream("0.2", 22, 1)
+        assert e.value.errno == errno.ENOSYS and "cannot carry a stream" in str(e.value)
+    finally:
+        Bare.loop.close()
