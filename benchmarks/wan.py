@@ -75,6 +75,9 @@ class WanBench(Bench):
     # -- setup -------------------------------------------------------------------
     def setup(self) -> None:
         self.check_installed()
+        missing = testbed.sites_requirements_missing()
+        if missing:
+            raise BenchError(missing)
         for tool in ("sshfs", "dd"):
             if subprocess.run(["which", tool], capture_output=True).returncode != 0:
                 raise BenchError("%s is not installed (scripts/install)" % tool)

@@ -56,13 +56,15 @@ from .bed import TestBed
 from .fuse_access import close_fuse_to_users, fuse_open_to_users, open_fuse_to_users
 from .hosts import Host, User
 from .removal import _remove_dir
+from .sites import sites_requirements_missing
 from .sweep import list_beds, sweep
 from .system import BASE_DIR, CGROUP_CPU, DIR_PREFIX, TestBedError, requirements_missing, sha256_of
 
 # The modules, by concern: system (constants, commands, processes, the global
 # lock), registry (teardown at exit), hosts (Host, User), sshd_hosts and
-# bed_users (TestBed's host start-up and users), bed (TestBed), removal (what
+# bed_users (TestBed's host start-up and users), sites and wan_relay (a
+# wide-area bed: sites behind gateways, a WAN), bed (TestBed), removal (what
 # teardown and sweep remove), sweep (leftovers of crashed runs), fuse_access.
 __all__ = ["TestBed", "Host", "User", "TestBedError", "sweep", "list_beds", "requirements_missing",
-           "BASE_DIR", "CGROUP_CPU", "DIR_PREFIX", "sha256_of", "open_fuse_to_users",
-           "close_fuse_to_users", "fuse_open_to_users", "_remove_dir"]
+           "BASE_DIR", "CGROUP_CPU", "DIR_PREFIX", "sha256_of", "sites_requirements_missing",
+           "open_fuse_to_users", "close_fuse_to_users", "fuse_open_to_users", "_remove_dir"]

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -62,11 +63,23 @@ from .system import (
     _global_lock,
     _global_unlock,
     _run,
+    requirements_missing,
 )
 
 RELAY_PORT = 7999
 RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wan_relay.py")
 TBF_BURST = "64kb"         # a few ms at WAN rates: the rate holds over any window
+
+
+def sites_requirements_missing() -> str | None:
+    """Why a sites bed cannot run here (None if it can): the bed's own needs
+    and nftables (the router's redirect to the WAN relay)."""
+    missing = requirements_missing()
+    if missing:
+        return missing
+    if not shutil.which("nft", path=ROOT_PATH):
+        return "the sites bed needs 'nft' (nftables: scripts/install brings it)"
+    return None
 
 
 def _tbf(rate: str) -> list[str]:
@@ -85,6 +98,9 @@ class SiteNetwork:
         hide_paths and cpu_share as in up().  Returns the hosts, gateways
         first."""
         names = self._check_sites(sites, gateways, wan_rate, wan_rtt_ms)
+        missing = sites_requirements_missing()
+        if missing:
+            raise TestBedError(missing)
         with self._lock:
             if self.hosts:
                 raise TestBedError("a bed is brought up once (up() or up_sites())")

@@ -22,7 +22,7 @@ ALL = ["ga", "gb"] + SITES["sa"] + SITES["sb"]
 def sites_bed(user_prefix: str, fuse: bool = False, wan_rtt_ms: float = 100, **options):
     if os.getuid() != 0:
         pytest.skip("the test bed needs root")
-    missing = testbed.requirements_missing()
+    missing = testbed.sites_requirements_missing()
     if missing:
         pytest.skip(missing)
     fuse_token = testbed.open_fuse_to_users() if fuse else None

@@ -58,7 +58,7 @@ print(" ".join("%.4f" % r for r in rtts), time.monotonic() - t)
 def bed():
     if os.getuid() != 0:
         pytest.skip("the test bed needs root")
-    missing = testbed.requirements_missing()
+    missing = testbed.sites_requirements_missing()
     if missing:
         pytest.skip(missing)
     b = testbed.TestBed()
@@ -159,7 +159,7 @@ def _netns_of(tag):
 def test_teardown_and_sweep_remove_everything():
     """A sites bed torn down, and one whose owner died (swept): no namespace,
     link, route or relay of it is left."""
-    if os.getuid() != 0 or testbed.requirements_missing():
+    if os.getuid() != 0 or testbed.sites_requirements_missing():
         pytest.skip("the test bed needs root")
     for crash in (False, True):
         code = ("import os, sys; sys.path.insert(0, %r); import testbed\n"
