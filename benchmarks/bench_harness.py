@@ -151,6 +151,65 @@ def value_text(fmt: str, v) -> str:
     return fmt % v if v is not None else "-"
 
 
+class CpuMeter:
+    """The CPU of every process of a group, whatever exits meanwhile: a cgroup of
+    its own (cgroup v1's cpuacct, else v2), which the processes added and all
+    their descendants (forked later) join. CPU-seconds from usage()."""
+
+    ROOTS = (("/sys/fs/cgroup/cpuacct", "cpuacct.usage", 1e-9),
+             ("/sys/fs/cgroup/unified", "cpu.stat", 1e-6),
+             ("/sys/fs/cgroup", "cpu.stat", 1e-6))
+
+    def __init__(self, name: str) -> None:
+        self.path = self.file = None
+        self.unit = 1.0
+        for root, file, unit in self.ROOTS:
+            if os.path.exists(os.path.join(root, file if file != "cpu.stat" else "cgroup.procs")):
+                path = os.path.join(root, "%s-%s" % (name, uuid.uuid4().hex[:8]))
+                try:
+                    os.mkdir(path)
+                except OSError:
+                    continue
+                if os.path.exists(os.path.join(path, file)):
+                    self.root, self.path, self.file, self.unit = root, path, file, unit
+                    return
+                os.rmdir(path)
+
+    def add(self, pid: int) -> None:
+        if self.path is not None:
+            with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
+                f.write("%d\n" % pid)
+
+    def usage(self) -> float | None:
+        if self.path is None:
+            return None
+        with open(os.path.join(self.path, self.file)) as f:
+            text = f.read()
+        if self.file == "cpu.stat":
+            text = text.split("usage_usec")[1].split()[0]
+        return int(text) * self.unit
+
+    def close(self) -> None:
+        """Every process back in the root group, and the group removed."""
+        if self.path is None:
+            return
+        for _ in range(100):
+            with open(os.path.join(self.path, "cgroup.procs")) as f:
+                pids = f.read().split()
+            for pid in pids:
+                try:
+                    with open(os.path.join(self.root, "cgroup.procs"), "w") as f:
+                        f.write(pid + "\n")
+                except OSError:      # gone meanwhile
+                    pass
+            try:
+                os.rmdir(self.path)
+                break
+            except OSError:          # a process forked in while we moved them
+                time.sleep(0.01)
+        self.path = None
+
+
 # -- the bench ---------------------------------------------------------------------
 class Bench:
     """A test bed and its user, samples, and the clean-up of what a run leaves."""

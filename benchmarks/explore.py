@@ -34,6 +34,7 @@ What it does:
   CPU per `e true`.
 * Medians over --reps (default 3) repetitions; `e true` over all its runs.
   --quick: one rep, no 256 (1,000 stays: it is the issue's case).
+  --only hosts / --only local: that half alone (local: a bed without hosts).
 
 Prints a table (case, anchor, anchor median, ours median, ratio ours/anchor) and
 checks the goal of the issue: "explore 32 hosts in under 3 s, growing with tree
@@ -49,19 +50,23 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 import uuid
 
 from bench_harness import (
+    VENV,
     Bench,
     BenchError,
+    CpuMeter,
     cpu_busy,
     log,
     main_driver,
     proc_cmdline,
     proc_cpu,
     ratio_text,
+    testbed,
     user_pids,
     value_text,
 )
@@ -80,8 +85,14 @@ LOCAL_GIB = {1000: 4}   # free memory a local case needs (a forked agent adds ~2
 ANCHOR = r"""
 import subprocess, sys, time
 mode, kind, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
+stdin = None
 if kind == "ssh":
     cmds = [["ssh", h, "true"] for h in rest]
+elif kind == "sshpy":
+    cmds = [["ssh", h, "python3 -S -c pass"] for h in rest]
+elif kind == "sshpay":
+    stdin, rest = rest[0], rest[1:]
+    cmds = [["ssh", h, "python3 -S -c 'import sys; sys.stdin.buffer.read()'"] for h in rest]
 elif kind == "py":
     cmds = [["python3", "-c", "pass"]] * int(rest[0])
 elif kind == "sh":
@@ -90,10 +101,12 @@ else:
     sys.exit("bad kind " + kind)
 dn = subprocess.DEVNULL
 t0 = time.monotonic()
+def inp():
+    return open(stdin, "rb") if stdin else dn
 if mode == "seq":
-    rcs = [subprocess.run(c, stdin=dn).returncode for c in cmds]
+    rcs = [subprocess.run(c, stdin=inp()).returncode for c in cmds]
 else:
-    procs = [subprocess.Popen(c, stdin=dn) for c in cmds]
+    procs = [subprocess.Popen(c, stdin=inp()) for c in cmds]
     rcs = [p.wait() for p in procs]
 dt = time.monotonic() - t0
 bad = [i for i, rc in enumerate(rcs) if rc != 0]
@@ -107,25 +120,30 @@ class ExploreBench(Bench):
     name = "explore.py"
     call_timeout = CALL_TIMEOUT
 
-    def __init__(self, reps: int, quick: bool, log) -> None:
+    def __init__(self, reps: int, quick: bool, only: str | None, log) -> None:
         super().__init__(log)
         self.reps = reps
         self.quick = quick
+        self.only = only          # "hosts" or "local": that half alone
+        self.meter: CpuMeter | _NoMeter = _NoMeter()
+        self.payload = ""
         # self.made_dirs: the /tmp/gxpbench-* of the sessions; self.info: depths, node counts
 
     # -- helpers -----------------------------------------------------------
     def anchor(self, mode: str, kind: str, args, key: str | None = None) -> float:
-        b0 = cpu_busy()
+        b0, m0 = cpu_busy(), self.meter.usage()
         r = self.bed.run_as(self.user.name, ["python3", "-c", ANCHOR, mode, kind] + [str(a) for a in args],
                             capture_output=True, text=True, timeout=CALL_TIMEOUT)
         if r.returncode != 0:
             raise BenchError("anchor %s %s failed (%d): %s%s"
                              % (mode, kind, r.returncode, r.stdout, r.stderr))
-        b1 = cpu_busy()
+        b1, m1 = cpu_busy(), self.meter.usage()
         dt = float(r.stdout.split()[-1])
         if key:
             self.add(key, dt)
             self.add_cpu(key, b0, b1)
+            if m0 is not None and m1 is not None:
+                self.add(key + " all cpu", m1 - m0)
         return dt
 
     def new_session(self) -> None:
@@ -174,8 +192,12 @@ class ExploreBench(Bench):
             for rule in rules[1:]:
                 self.gxpc("use", *rule)
             head = _HeadWatch(self)
+            m0 = self.meter.usage()
             dt, r = self.timed(case + " explore", lambda: self.gxpc("explore", *explore_args))
             self.add(case + " explore", dt)
+            m1 = self.meter.usage()
+            if m0 is not None and m1 is not None:
+                self.add(case + " explore all cpu", m1 - m0)
             # CPU each agent spent so far (its start-up: it has been idle since).
             # The agents are the Python processes with the session's tag: an ssh
             # client that started one has the tag in its command line too.
@@ -209,6 +231,9 @@ class ExploreBench(Bench):
             case = "hosts%d" % n
             self.anchor("seq", "ssh", hosts, case + " ssh seq")
             self.anchor("par", "ssh", hosts, case + " ssh par")
+            # The floor of any design that starts a Python agent over ssh.
+            self.anchor("par", "sshpy", hosts, case + " ssh py par")
+            self.anchor("par", "sshpay", [self.payload] + hosts, case + " ssh payload par")
             self.ours(case, [("ssh", "head", pat)], [pat], n + 1, rep)
             self.log("  rep %d %-10s explore %.2fs  (ssh seq %.2fs, par %.2fs)"
                      % (rep + 1, case, self.samples[case + " explore"][-1],
@@ -241,19 +266,61 @@ class ExploreBench(Bench):
     # -- driver ------------------------------------------------------------
     def setup(self) -> None:
         self.check_installed()
-        dt = self.bed_up(["tb%02d" % i for i in range(1, N_HOSTS + 1)], "gxpbench")
+        if self.only == "local":       # no hosts: the user alone
+            self.bed = testbed.TestBed()
+            self.user = self.bed.add_user("gxpbench" + uuid.uuid4().hex[:6])
+            return
+        hosts = ["tb%02d" % i for i in range(1, N_HOSTS + 1)]
+        dt = self.bed_up(hosts, "gxpbench")
         self.log("test bed of %d hosts and user %s up in %.1fs" % (N_HOSTS, self.user.name, dt))
+        # All the CPU of the hosts cases, whichever process spends it: the
+        # hosts' sshd (and so every session and agent they start) and this
+        # process (every ssh client, gxpc, the session daemon).
+        self.meter = CpuMeter("gxpbench")
+        if self.meter.path is None:
+            self.odd.append("no cgroup to count all processes' CPU in: the floor lines have none")
+        self.meter.add(os.getpid())
+        for name in hosts:
+            self.meter.add(self.bed.hosts[name].pid)
+        self.payload = self.agent_payload()
         # Warm-up, not counted: first ssh to each host (sshd's first fork, page cache).
-        self.anchor("par", "ssh", ["tb%02d" % i for i in range(1, N_HOSTS + 1)])
+        self.anchor("par", "ssh", hosts)
+
+    def agent_payload(self) -> str:
+        """A file (readable by the user) of what explore sends every ssh agent
+        after its first stage: the payload for the hosts' python3."""
+        r = self.bed.run_as(self.user.name, ["ssh", "tb01", "python3 -c 'import sys; "
+                                             "print(sys.implementation.cache_tag)'"],
+                            capture_output=True, text=True, timeout=CALL_TIMEOUT)
+        tag = r.stdout.strip()
+        code = ("import sys\nfrom gxpstyle.launch import bootstrap as b\n"
+                "c = b.PayloadCache(b.head_sources())\n"
+                "sys.stdout.buffer.write(b.payload_wire(c.for_tag(sys.argv[1])))\n")
+        data = subprocess.run([os.path.join(VENV, "bin", "python"), "-c", code, tag],
+                              capture_output=True, check=True).stdout
+        path = os.path.join(self.make_dir("/tmp/gxpbench-payload-" + uuid.uuid4().hex[:8]), "payload")
+        with open(path, "wb") as f:
+            f.write(data)
+        os.chmod(path, 0o644)
+        self.info["payload"] = "%s, %.1f KiB" % (tag, len(data) / 1024)
+        return path
 
     def run(self) -> None:
         for rep in range(self.reps):
-            self.rep_hosts(rep)
-            self.rep_local(rep)
+            if self.only != "local":
+                self.rep_hosts(rep)
+            if self.only != "hosts":
+                self.rep_local(rep)
 
     def release(self) -> None:
         if self.session is not None:
             self.guarded("quitting the session", self.close_session)
+
+    def cleanup(self) -> None:
+        try:
+            super().cleanup()
+        finally:
+            self.meter.close()
 
     # -- report ------------------------------------------------------------
     def rows(self) -> list:
@@ -262,13 +329,14 @@ class ExploreBench(Bench):
         def row(case, what, anchor_key, ours_key):
             rows.append((case, what, self.med(anchor_key), self.med(ours_key)))
 
-        for n in HOST_CASES:
+        for n in HOST_CASES if self.only != "local" else ():
             c = "hosts%d" % n
             label = "%d hosts (depth %s)" % (n, self.info.get(c + " depth", "?"))
             row(label + " explore", "ssh sequential", c + " ssh seq", c + " explore")
             row(label + " explore", "ssh parallel", c + " ssh par", c + " explore")
             row(label + " e true", "ssh parallel", c + " ssh par", c + " e")
-        for c, label in (("deep32f8", "32 hosts fanout 8"), ("deep32f4", "32 hosts fanout 4")):
+        deep = (("deep32f8", "32 hosts fanout 8"), ("deep32f4", "32 hosts fanout 4"))
+        for c, label in deep if self.only != "local" else ():
             label += " (depth %s)" % self.info.get(c + " depth", "?")
             row(label + " explore", "ssh sequential", "hosts32 ssh seq", c + " explore")
             row(label + " explore", "ssh parallel", "hosts32 ssh par", c + " explore")
@@ -283,6 +351,30 @@ class ExploreBench(Bench):
             row(label + " first e true", "sh -c true par", c + " sh par", c + " e first")
             row(label + " e true", "sh -c true par", c + " sh par", c + " e")
         return rows
+
+    def floor_lines(self) -> list:
+        """Ours against parallel ssh and against the floor of any agent started
+        over ssh (a session, a python3 start, the payload received), wall
+        time and the CPU of every process, for each host count."""
+        out = ["", "the floor: all processes' CPU (ssh clients, sshd and what it starts, agents, "
+               "head; a cgroup), payload %s; wall s / CPU s, medians:" % self.info.get("payload", "?")]
+        kinds = (("ssh true", " ssh par"), ("ssh python3 -S -c pass", " ssh py par"),
+                 ("the same, payload piped in", " ssh payload par"), ("explore", " explore"))
+        for n in HOST_CASES:
+            c = "hosts%d" % n
+            wall = [self.med(c + k) for _, k in kinds]
+            cpu = [self.med(c + k + " all cpu") for _, k in kinds]
+            out.append("  %2d hosts  " % n + "; ".join(
+                "%s %s / %s" % (label, value_text("%.2f", w), value_text("%.2f", u))
+                for (label, _), w, u in zip(kinds, wall, cpu)))
+            if None in wall or None in cpu:
+                continue
+            out.append("            against ssh true: the floor %.2fx wall, %.2fx CPU; explore %.2fx "
+                       "wall, %.2fx CPU; explore's CPU over the floor %.1f ms a host, the floor's over "
+                       "ssh true %.1f ms a host"
+                       % (wall[2] / wall[0], cpu[2] / cpu[0], wall[3] / wall[0], cpu[3] / cpu[0],
+                          1000 * (cpu[3] - cpu[2]) / n, 1000 * (cpu[2] - cpu[0]) / n))
+        return out
 
     def report(self) -> bool:
         out = []
@@ -327,6 +419,12 @@ class ExploreBench(Bench):
                    "process run as the user" % (self.reps, E_RUNS))
         out.append("")
 
+        if self.only != "local":
+            out += self.floor_lines()
+        if self.only == "local":
+            out += self.noticed_lines()
+            print("\n".join(out))
+            return True
         # The goal.
         t8, t32 = self.med("hosts8 explore"), self.med("hosts32 explore")
         deep = {c: self.med(c + " explore") for c in ("hosts32", "deep32f8", "deep32f4")}
@@ -397,6 +495,17 @@ class _HeadWatch:
             self.bench.add(case + " head ms/e", 1000 * (cpu - self.cpu_idle) / runs)
 
 
+class _NoMeter:
+    """The meter before setup, and of the local cases (no cgroup needed)."""
+    path = None
+
+    def usage(self) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
 def _is_agent(cmdline: str) -> bool:
     argv0 = cmdline.split(" ", 1)[0]
     return "gxp-agent" in cmdline and os.path.basename(argv0).startswith("python")
@@ -423,12 +532,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=3, help="repetitions (default 3); medians are reported")
     p.add_argument("--quick", action="store_true", help="one rep, and no 256 local agents")
+    p.add_argument("--only", choices=("hosts", "local"),
+                   help="only the test-bed hosts, or only the local agents (no bed hosts then)")
     a = p.parse_args(argv)
     if a.quick:
         a.reps = 1
     if a.reps < 1:
         p.error("--reps must be >= 1")
-    return main_driver(ExploreBench, a.reps, a.quick, log, odd_on_failure=False)
+    return main_driver(ExploreBench, a.reps, a.quick, a.only, log, odd_on_failure=False)
 
 
 if __name__ == "__main__":

@@ -100,8 +100,9 @@ class ReplicaKeeper(Protocol):
                      done: Callable[[], None]) -> None:
         """Keep (or stop keeping) the copies of `paths` on `node`'s host from
         eviction; done() exactly once."""
-    # optional: settle(node, done): done() once what it keeps on `node`'s host
-    # shows every change it has heard of (a recipe starts then); exactly once
+    # optional: settle(node, done, cwd): done() once what it keeps on `node`'s
+    # host shows every change it has heard of and is ready for a job in `cwd`
+    # (a recipe starts then); exactly once
 
 
 class ReplicaAPI:
@@ -172,9 +173,10 @@ class ReplicaAPI:
     def pin(self, node: str, paths: List[str], pin: bool, done: Callable[[], None]) -> None:
         raise NotImplementedError
 
-    def settle(self, node: str, done: Callable[[], None]) -> None:
+    def settle(self, node: str, done: Callable[[], None], cwd: Optional[str] = None) -> None:
         """done() once every keeper's copies on `node`'s host show every change
-        the keepers have heard of (before a recipe starts there)."""
+        the keepers have heard of and are ready for a job in `cwd` (before a
+        recipe starts there)."""
         raise NotImplementedError
 
     def sync(self, done: Callable[[], None]) -> None:

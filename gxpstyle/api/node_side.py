@@ -10,8 +10,6 @@ Shipped to agents: standard library only, Python 3.8 syntax.
 """
 from __future__ import annotations
 
-import errno
-
 from gxpstyle.protocol import wire
 from gxpstyle.protocol.schema import SchemaError
 
@@ -71,6 +69,7 @@ class NodeHost:
         within `timeout`. Blocks: call it from a thread of the side's own."""
         streams = self._node.streams()
         if streams is None:
+            import errno
             raise OSError(errno.ENOSYS, "%s cannot carry a stream: the head did not push "
                           "gxpstyle.node.tree_streams to it" % self.name)
         return streams.open(node_id, port, timeout)

@@ -114,13 +114,10 @@ class JobTable:
             return
         self.jobs[(client, job)] = JobRecord(owner, client, {n: None for n in nodes}, left=len(nodes))
         below: Dict[str, Dict[str, Dict[str, Optional[str]]]] = {}
+        own = None
         for idx, nid in enumerate(nodes):
             if nid == wire.HEAD:
-                mine = dict(env)
-                mine.update(env_of(nid, idx))
-                msg = {"op": "exec", "job": job, "cmd": cmd, "cwd": head_cwd, "env": mine,
-                       "stdin": stdin, "notify": True}
-                self.head.route_frame(nid, wire.encode_frame(nid, client, msg), None)
+                own = idx
             else:
                 top = wire.HEAD + "." + nid.split(".", 2)[1]
                 below.setdefault(top, {})[nid] = env_of(nid, idx)
@@ -132,6 +129,15 @@ class JobTable:
             msg = {"op": "exec_tree", "job": job, "cmd": cmd, "cwd": cwd, "env": env, "stdin": stdin,
                    "fold": fold, "targets": targets}
             self.head.route_frame(top, wire.encode_frame(top, client, msg), None)
+            # Out before the head's own command starts (its spawn waits for the
+            # shell's exec), as an agent sends its share down (tree_exec.py).
+            self.head.children[top].push()
+        if own is not None:
+            mine = dict(env)
+            mine.update(env_of(wire.HEAD, own))
+            msg = {"op": "exec", "job": job, "cmd": cmd, "cwd": head_cwd, "env": mine,
+                   "stdin": stdin, "notify": True}
+            self.head.route_frame(wire.HEAD, wire.encode_frame(wire.HEAD, client, msg), None)
         self._release_held(client, job)
 
     def report(self, src: str, msg: Dict[str, Any]) -> None:

@@ -51,7 +51,10 @@ def process_argv(channel: str, target: str, spec: Dict[str, Any]) -> List[str]:
             argv += ["-p", str(spec["port"])]
         if spec.get("identity_file"):
             argv += ["-i", spec["identity_file"]]
-        argv += list(spec.get("ssh_options") or [])
+        for o in spec.get("ssh_options") or []:
+            # `-o ProxyJump=gw` gives "ProxyJump=gw": ssh's -o goes with it
+            # (alone, ssh took it as the host); "-oX" or "-v" pass as given
+            argv += [o] if o.startswith("-") else ["-o", o]
         # "--" so that a host name can never be read as an ssh option.
         return argv + ["--", target, cmd]
     if channel == "rsh":

@@ -42,7 +42,7 @@ QUIT_GRACE = 3.0
 class Node:
     def __init__(self, node_id: str, name: str, session: str, secret: bytes,
                  opts: Dict[str, Any], payloads: bootstrap.PayloadCache,
-                 loop: Optional[EventLoop] = None) -> None:
+                 loop: Optional[EventLoop] = None, environ: Optional[Dict[str, str]] = None) -> None:
         self.loop = loop or EventLoop()
         self.id = node_id
         self.name = name
@@ -54,7 +54,7 @@ class Node:
         self.children: Dict[str, Link] = {}
         self.starting: Dict[str, child_bootstrap.ChildStart] = {}
         self.started: Dict[str, child_bootstrap.ChildStart] = {}
-        self.jobs = JobRunner(self.loop, self.id, self._job_send, self.backlog)
+        self.jobs = JobRunner(self.loop, self.id, self._job_send, self.backlog, environ)
         self.trees = TreeJobs(self)     # shares of commands sent along the tree (tree_exec.py)
         self.notify_jobs: set = set()   # (requester, job) whose end the head wants to hear
         self.session_dir: Optional[str] = None
@@ -512,9 +512,11 @@ def main(fds: Tuple[int, int]) -> None:
     run(rfd, wfd, bootstrap.PayloadCache(bootstrap.agent_sources(), bootstrap.agent_payload()))
 
 
-def run(rfd: int, wfd: int, payloads: bootstrap.PayloadCache) -> None:
+def run(rfd: int, wfd: int, payloads: bootstrap.PayloadCache,
+        environ: Optional[Dict[str, str]] = None) -> None:
     """Be the node the hello on `rfd` names until it quits (from main(), or
-    straight after a fork: local_fork.py); never returns."""
+    straight after a fork: local_fork.py, with the parent's `environ`, see
+    JobRunner); never returns."""
     # A handler, not SIG_IGN: an ignored signal stays ignored in every job we
     # exec, and a job must die of the SIGINT that `gxpc e` forwards on Ctrl-C.
     signal.signal(signal.SIGINT, lambda *a: None)
@@ -525,7 +527,7 @@ def run(rfd: int, wfd: int, payloads: bootstrap.PayloadCache) -> None:
     if hello["op"] != "hello":
         raise SystemExit(96)
     node = Node(hello["id"], hello["name"], hello["session"], hello["secret"],
-                hello["opts"], payloads)
+                hello["opts"], payloads, environ=environ)
     parent_id = hello["id"].rsplit(".", 1)[0]
     node.parent = Link(node.loop, rfd, wfd, parent_id, node.on_parent_frame, node.on_parent_close)
     signal.signal(signal.SIGTERM, lambda *a: node.loop.call_soon_threadsafe(

@@ -28,8 +28,12 @@ Shipped to agents: standard library only, Python 3.8 syntax.
 """
 from __future__ import annotations
 
-import collections
 import os
+
+try:  # the C type: `collections` loads keyword, operator and reprlib, 1.6 ms of an agent's start
+    from _collections import deque
+except ImportError:  # an interpreter without it
+    from collections import deque
 
 try:  # the C module itself: `signal` loads enum and functools, 2.5 ms of every agent's start
     import _signal as signal
@@ -81,9 +85,13 @@ s KILL
 class Watchdog:
     """Kills the registered process groups when this process dies."""
 
-    def __init__(self, later: Optional[Callable[[Callable[[], None]], None]] = None) -> None:
+    def __init__(self, later: Optional[Callable[[Callable[[], None]], None]] = None,
+                 environ: Optional[Callable[[], Dict[str, str]]] = None,
+                 prepare: Callable[[], None] = close_inherited) -> None:
         self.wfd: Optional[int] = None
         self.pid: Optional[int] = None
+        self.environ = environ     # its environment (default os.environ)
+        self.prepare = prepare     # before posix_spawn: it inherits no fd of ours
         # "-PGID" lines wait for the end of the loop's round (`later`) or the
         # next "+": the watchdog wakes once a round, not twice a job. A "+"
         # is written at once, after them (a group must never go unguarded).
@@ -95,9 +103,10 @@ class Watchdog:
         argv = ["/bin/sh", "-c", WATCHDOG_SOURCE, "gxp-watchdog"]
         try:
             if hasattr(os, "posix_spawn"):
-                close_inherited()     # the watchdog must hold no link of ours open
+                self.prepare()     # the watchdog must hold no link of ours open
                 null = os.devnull
-                self.pid = os.posix_spawn("/bin/sh", argv, os.environ, setsid=True, file_actions=[
+                env = self.environ() if self.environ is not None else os.environ
+                self.pid = os.posix_spawn("/bin/sh", argv, env, setsid=True, file_actions=[
                     (os.POSIX_SPAWN_DUP2, r, 0),
                     (os.POSIX_SPAWN_OPEN, 1, null, os.O_WRONLY, 0),
                     (os.POSIX_SPAWN_OPEN, 2, null, os.O_WRONLY, 0)])
@@ -174,7 +183,7 @@ class Job:
         # then maybe a client's socket.
         self.files: Dict[int, Any] = {}
         self.stdin_fd: Optional[int] = proc.stdin.fileno() if proc.stdin else None
-        self.stdin_buf: Deque[memoryview] = collections.deque()
+        self.stdin_buf: Deque[memoryview] = deque()
         self.stdin_eof = False
         self.stdin_written = 0        # bytes written to the pipe, not yet acked
         self.status: Optional[int] = None    # Popen returncode once the process exited
@@ -198,20 +207,24 @@ class JobRunner:
 
     def __init__(self, loop: EventLoop, node_id: str,
                  send: Callable[[str, Dict[str, Any]], None],
-                 backlog: Callable[[], int]) -> None:
+                 backlog: Callable[[], int],
+                 environ: Optional[Dict[str, str]] = None) -> None:
         self.loop = loop
         self.node_id = node_id
         self.send = send
         self.backlog = backlog
         self.jobs: Dict[Tuple[str, int], Job] = {}
         self.paused = False
-        self.watchdog = Watchdog(loop.at_end)
+        # os.environ as a dict, made once (reading it decodes every variable,
+        # a forked agent's first `gxpc e` cost, issue 27); forks inherit it.
+        self._environ = environ
+        self.spawner = ShellSpawner()
+        self.watchdog = Watchdog(loop.at_end, self.environ, self.spawner.prepare)
         # Groups whose shell exited while some member still ran (`cmd &` with its
         # output elsewhere): still ours to kill at quit, still the watchdog's.
         self.lingering: Set[int] = set()
         self._killing: Optional[Callable[[], None]] = None
         self._kill_timer: Optional[int] = None
-        self.spawner = ShellSpawner()
         # The environment of a job, by what its exec asked for: the recipes of
         # one make ask for the same, and copying os.environ (it decodes every
         # variable) costs more than the rest of a start. Nothing of ours
@@ -260,11 +273,17 @@ class JobRunner:
         if self.watchdog.wfd is None:
             self.watchdog._start()
 
+    def environ(self) -> Dict[str, str]:
+        # os.environ (nothing of ours changes it after start); not to be changed
+        if self._environ is None:
+            self._environ = dict(os.environ)
+        return self._environ
+
     def _env(self, changes: Dict[str, Optional[str]], base: Optional[int] = None) -> Dict[str, str]:
         key = (base, frozenset(changes.items()))
         env = self._envs.get(key)
         if env is None:
-            env = dict(os.environ)
+            env = dict(self.environ())
             for layer in (self._bases[base], changes) if base is not None else (changes,):
                 for k, v in layer.items():
                     if not isinstance(k, str) or "=" in k or "\0" in k:

@@ -88,9 +88,7 @@ class ShellSpawner:
                 stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True, close_fds=True)
-        if not self.checked:
-            self.checked = True
-            close_inherited()
+        self.prepare()
         if self.here is None:
             self.here = os.open(".", os.O_RDONLY)
         if self.null is None:
@@ -124,6 +122,12 @@ class ShellSpawner:
             for fd in theirs:
                 os.close(fd)
         return Spawned(pid, _Fd(in_w) if stdin else None, _Fd(out_r), _Fd(err_r))
+
+    def prepare(self) -> None:
+        # before our first posix_spawn, job's or watchdog's (later fds are O_CLOEXEC)
+        if not self.checked:
+            self.checked = True
+            close_inherited()
 
     def close(self) -> None:
         for fd in (self.here, self.null):

@@ -102,6 +102,7 @@ def start(cs: Any) -> None:
     stdout_r, stdout_w = os.pipe()
     stderr_r, stderr_w = os.pipe()
     sys.stderr.flush()       # else the child would write our pending text again
+    environ = cs.node.jobs.environ()     # made here once, not in every child
     try:
         pid = os.fork()
     except OSError:
@@ -109,7 +110,7 @@ def start(cs: Any) -> None:
             os.close(fd)
         raise
     if pid == 0:
-        _child(cs.node.payloads, stdin_r, stdout_w, stderr_w)
+        _child(cs.node.payloads, environ, stdin_r, stdout_w, stderr_w)
     for fd in (stdin_r, stdout_w, stderr_w):
         os.close(fd)
     cs.proc = ForkedProcess(pid)
@@ -117,7 +118,7 @@ def start(cs: Any) -> None:
     cs.attach(stdout_r, stdin_w, stderr_r, need_marker=False)
 
 
-def _child(payloads: Any, rfd: int, wfd: int, errfd: int) -> None:
+def _child(payloads: Any, environ: Dict[str, str], rfd: int, wfd: int, errfd: int) -> None:
     """In the forked child: become a fresh agent on the link (rfd, wfd), with
     nothing of the parent's but its code; never returns."""
     try:
@@ -137,7 +138,7 @@ def _child(payloads: Any, rfd: int, wfd: int, errfd: int) -> None:
         os.dup2(errfd, 2)
         _close_all_but({0, 1, 2, rfd, wfd})
         from gxpstyle.node import agent
-        agent.run(rfd, wfd, payloads)
+        agent.run(rfd, wfd, payloads, environ)
     finally:
         os._exit(1)         # never back into the parent's loop
 

@@ -63,6 +63,10 @@ class TreeJobs:
         for child, targets in below.items():
             share.waiting.add(child)
             node.children[child].send(child, client, dict(msg, targets=targets))
+        # Out before our own spawn, which holds us until the shell has exec'd:
+        # long under a thousand spawns, and every level below waited (issue 27).
+        for child in below:
+            node.children[child].push()
         if lost:
             self._add(share, 255, "not reachable from %s" % node.name, None, lost)
         mine = msg["targets"].get(node.id)

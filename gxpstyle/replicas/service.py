@@ -161,13 +161,14 @@ class ReplicaService(Service, ReplicaAPI):
                 return
         done(False, "no service keeps copies of %s" % path, "")
 
-    def settle(self, node: str, done: Callable[[], None]) -> None:
-        """Every keeper that can (ReplicaKeeper.settle) settles `node`; done() then."""
+    def settle(self, node: str, done: Callable[[], None], cwd: Optional[str] = None) -> None:
+        """Every keeper that can (ReplicaKeeper.settle) settles `node` for a
+        job in `cwd`; done() then."""
         settling = [k for k in self.keepers if callable(getattr(k, "settle", None))]
         one = after(len(settling), done)
         for k in settling:
             try:
-                k.settle(node, one)     # type: ignore[attr-defined]
+                k.settle(node, one, cwd)     # type: ignore[attr-defined]
             except Exception:
                 log_exception(self.head.log, "settle")
                 one()

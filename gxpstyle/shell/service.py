@@ -9,9 +9,10 @@ Head-only.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 from gxpstyle.api.interfaces import Shell
 from gxpstyle.api.services import Service, Verb
@@ -180,8 +181,10 @@ class ExecService(Service, Shell):
             self.last_status = self.pending_status.pop(job)
 
 
-def _id_key(nid: str) -> List[int]:
+@functools.lru_cache(maxsize=1 << 16)
+def _id_key(nid: str) -> Tuple[int, ...]:
+    # kept: make's placement sorts every node's id for each recipe
     try:
-        return [int(x) for x in nid.split(".")]
+        return tuple(int(x) for x in nid.split("."))
     except ValueError:
-        return [1 << 30]
+        return (1 << 30,)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import os
-import selectors
+import select
 
 try:  # the C module itself: `signal` loads enum and functools, 2.5 ms of every agent's start
     import _signal as signal
@@ -34,9 +34,44 @@ if TYPE_CHECKING:  # typing costs every agent ~9 ms at start; annotations are st
     Callback = Callable[[], None]
 
 
+_READ, _WRITE = 1, 4     # POLLIN, POLLOUT (EPOLLIN, EPOLLOUT)
+
+
+# epoll itself (else poll): selectors' layers cost a node more than the rest of
+# an exec's bookkeeping, paid by every node of a `gxpc e` (issue 27).
+class _Poller:
+
+    def __init__(self) -> None:
+        self.registered: Dict[int, int] = {}
+        self.epoll = select.epoll() if hasattr(select, "epoll") else None
+        self.poll = self.epoll or select.poll()
+
+    def set(self, fd: int, events: int) -> None:
+        old = self.registered.pop(fd, 0)
+        if events:
+            self.registered[fd] = events
+        if events == old:
+            return
+        poll = self.poll
+        if not events:
+            _quietly(poll.unregister, fd)
+        elif not _quietly(poll.modify if old else poll.register, fd, events):
+            # the number was closed and opened again unseen
+            _quietly(poll.register if old else poll.modify, fd, events)
+
+    def wait(self, timeout: Optional[float]) -> List[Tuple[int, int]]:
+        if self.epoll is not None:
+            return self.epoll.poll(-1 if timeout is None else timeout)
+        return self.poll.poll(None if timeout is None else int(timeout * 1000 + 0.999))
+
+    def close(self) -> None:
+        if self.epoll is not None:
+            self.epoll.close()
+
+
 class EventLoop:
     def __init__(self) -> None:
-        self._sel = selectors.DefaultSelector()
+        self._sel = _Poller()
         self._readers: Dict[int, Callback] = {}
         self._writers: Dict[int, Callback] = {}
         self._timers: List[Tuple[float, int, Callback]] = []
@@ -58,21 +93,7 @@ class EventLoop:
 
     # -- fds -------------------------------------------------------------
     def _update(self, fd: int) -> None:
-        events = 0
-        if fd in self._readers:
-            events |= selectors.EVENT_READ
-        if fd in self._writers:
-            events |= selectors.EVENT_WRITE
-        try:
-            if events:
-                try:
-                    self._sel.modify(fd, events)
-                except KeyError:
-                    self._sel.register(fd, events)
-            else:
-                self._sel.unregister(fd)
-        except (KeyError, ValueError, OSError):
-            pass
+        self._sel.set(fd, (_READ if fd in self._readers else 0) | (_WRITE if fd in self._writers else 0))
 
     def add_reader(self, fd: int, cb: Callback) -> None:
         self._readers[fd] = cb
@@ -215,11 +236,10 @@ class EventLoop:
         with self._pending_lock:
             if self._pending:
                 timeout = 0.0
-        for key, events in self._sel.select(timeout):
-            fd = key.fd
-            if events & selectors.EVENT_READ and fd in self._readers:
+        for fd, events in self._sel.wait(timeout):
+            if events & ~_WRITE and fd in self._readers:
                 self._readers[fd]()
-            if events & selectors.EVENT_WRITE and fd in self._writers:
+            if events & ~_READ and fd in self._writers:
                 self._writers[fd]()
         now = time.monotonic()
         while self._timers and self._timers[0][0] <= now:
@@ -253,3 +273,11 @@ class EventLoop:
 
 def _noop() -> None:
     pass
+
+
+def _quietly(call: Callable[..., None], *args: int) -> bool:
+    try:
+        call(*args)
+        return True
+    except (ValueError, OSError):
+        return False

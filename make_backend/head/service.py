@@ -275,7 +275,7 @@ class MakeService(Service):
             if copying[0]:        # not when there was nothing to copy
                 self.placement.observe_fetch(fetch, time.monotonic() - staged)
             # the node's mount first takes every change the head has sent out
-            self.replicas.settle(nid, start)
+            self.replicas.settle(nid, start, args.get("cwd"))
             if copying[0] and self.waiting:
                 self._retry()     # a wait weighed against the old rate may be over
         self.transfers.stage((cid, job), nid, paths, measured)

@@ -10,8 +10,13 @@ into, not with the namespace.
 
 Directories are keyed by their path below the mount's root without slashes at
 either end ("" is the root); a holder is a tuple (node, size, mtime, mode).
-FUSE threads read (`holders`, `listing`: None while a directory is being
-fetched); the node's loop fills and updates (`fill`, `update`).
+FUSE threads read (`holders`, `listing`); the node's loop fills and updates
+(`fill`, `update`). A FUSE call that looks into a directory the copy lacks
+waits for the head's listing (one round trip), when `may_wait` says the
+caller may: the node's own agent may not (its loop carries the head's
+answer, so its chdir into the mount must not wait for it), nor a thread that
+is not FUSE's. Those, and any caller once `wait_seconds` (the mount's peer
+timeout) pass without an answer, find the name by asking every branch.
 
 Node side: standard library, Python 3.8 syntax.
 """
@@ -51,9 +56,13 @@ class NamespaceCopy:
     for listings (it must not wait: the answer comes back through fill; an
     exception: not asked, the next look tries again)."""
 
-    def __init__(self, fetch: Callable[[List[str]], None]) -> None:
+    def __init__(self, fetch: Callable[[List[str]], None],
+                 may_wait: Optional[Callable[[], bool]] = None, wait_seconds: float = 0.0) -> None:
         self.fetch = fetch
+        self.may_wait = may_wait
+        self.wait_seconds = wait_seconds
         self.lock = threading.Lock()
+        self.came = threading.Condition(self.lock)     # a listing came, or an ask ended
         self.dirs: Dict[str, Listing] = {}
         self.asked: Dict[str, bool] = {}         # listings asked for, not yet come
         # names found by asking every branch while their directory's listing
@@ -64,22 +73,32 @@ class NamespaceCopy:
 
     # -- reads (FUSE threads) ----------------------------------------------------
     def listing(self, key: str) -> Optional[Listing]:
-        """Directory `key`'s names and holders, or None while the copy lacks
-        it: then the head is asked for it (once) and the caller finds the
-        name the way a mount without a copy does. A FUSE call never waits
-        for the head: the node's agent may itself be waiting on this mount
-        (a job's chdir into it), and the head's answer comes through it."""
+        """Directory `key`'s names and holders; while the copy lacks it, the
+        head is asked for it (once) and the caller waits for it if it may
+        (module docstring), else gets None and finds the name the way a
+        mount without a copy does."""
         with self.lock:
             got = self.dirs.get(key)
-            if got is not None or key in self.asked:
+            if got is not None:
                 return got
+            ask = key not in self.asked
             self.asked[key] = True
-        try:
-            self.fetch([key])
-        except Exception:
-            with self.lock:
-                self.asked.pop(key, None)
-        return None
+        if ask:
+            try:
+                self.fetch([key])
+            except Exception:
+                with self.lock:
+                    self.asked.pop(key, None)
+                    self.came.notify_all()
+                return None
+        if self.wait_seconds <= 0 or self.may_wait is None or not self.may_wait():
+            return None
+        with self.lock:
+            # bounded: a head that never answers costs the caller the peer
+            # timeout once, then the branches are asked as without a copy
+            self.came.wait_for(lambda: key in self.dirs or key not in self.asked,
+                               self.wait_seconds)
+            return self.dirs.get(key)
 
     def holders(self, path: str) -> Optional[Tuple[Holder, ...]]:
         """Who holds `path` ("/a/b"), () if nobody does, None if the copy
@@ -144,6 +163,7 @@ class NamespaceCopy:
                                   (names.items() if isinstance(names, dict) else [])}
                 self.asked.pop(key, None)
                 found.extend("/" + (key + "/" if key else "") + n for n in self.looked.pop(key, ()))
+            self.came.notify_all()
         return found
 
     def update(self, changes: Dict[str, Any]) -> List[str]:
@@ -198,6 +218,7 @@ class NamespaceCopy:
             self.dirs.clear()
             self.asked.clear()
             self.looked.clear()
+            self.came.notify_all()
         return paths
 
     def forget_under(self, paths: Iterable[str]) -> None:

@@ -8,7 +8,8 @@ exports and are left out), with a `listing` call, and from then on keeps
 that node among the directory's subscribers: every change the catalog takes
 under it (a mount's change feed, a recipe's outputs, a node lost) goes to
 each subscriber as an `ns` call, the changes of one loop round in one call
-per node, numbered per node: a node that finds a number skipped drops its
+per node, one call at a time per node (what changes meanwhile goes in its
+next call, once the last is answered), numbered per node: a node that finds a number skipped drops its
 copy and fetches the listings again (`GXP_TEST_NS_DROP=HOST:N` in the
 daemon's environment skips the Nth call to HOST's mount, for tests). Before
 every node's export is in the catalog (the scans after a mount), listings
@@ -21,6 +22,7 @@ Head side.
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 from gxpstyle.api.interfaces import ReplicaAPI
@@ -30,6 +32,10 @@ if TYPE_CHECKING:
     from gxpstyle.api.head_api import HeadAPI
 
 Entries = Dict[str, List[List[Any]]]     # name -> [[node name, size, mtime, mode], ...]
+# a node nobody waits for gets at most one `ns` call in this many seconds
+# (the first after a quiet spell at once): at hundreds of recipes a second,
+# one call carries many names, and every node pays per call, not per name
+COALESCE = 0.02
 DROP_ENV = "GXP_TEST_NS_DROP"
 
 
@@ -74,14 +80,13 @@ class NamespaceFeed:
         self.catalog = catalog
         self.exports = exports
         self.mounts: Dict[str, MountFeed] = {}
-        self.done_waiting: List[Callable[[], None]] = []
-        # each send is a generation: its calls not yet answered, and who waits
-        # for it and every earlier one (a change sent before must be taken too)
-        self.generation = 0
-        self.unanswered: Dict[int, int] = {}
-        self.waiters: List[Tuple[int, Callable[[], None]]] = []
         self.flush_armed = False
         self.directories_listed = 0
+        # listings sent and not yet answered: sid -> key -> call, and
+        # call -> who waits for it to be taken (a recipe about to start)
+        self.listing_calls = 0
+        self.listing_out: Dict[str, Dict[str, int]] = {}
+        self.listing_done: Dict[int, List[Callable[[], None]]] = {}
         # each mount service's `ns` calls are numbered: a node that sees a
         # number skipped knows its copy missed changes (namespace_copy: gap)
         self.sent: Dict[str, int] = {}
@@ -89,9 +94,16 @@ class NamespaceFeed:
         # the numbers answered above it (answers may come out of order)
         self.acked: Dict[str, int] = {}
         self.acked_above: Dict[str, Set[int]] = {}
+        # names changed for a service while its last call is unanswered: they
+        # go together in its next call, when that answer comes (a slow node
+        # gets fewer, bigger calls instead of a queue of small ones)
+        self.held: Dict[str, Dict[str, Dict[str, Set[str]]]] = {}   # sid -> mount -> key -> names
+        self.last_call: Dict[str, float] = {}       # sid -> when its last call went
+        self.timers: Dict[str, int] = {}            # sid -> its armed call_later
         # (sid, number, done): done() once sid answered every call up to number
         self.node_waiters: List[Tuple[str, int, Callable[[], None]]] = []
-        self.node_waiting: List[Tuple[List[str], Callable[[], None]]] = []   # until _send
+        # until _send (None: every mount service)
+        self.node_waiting: List[Tuple[Optional[List[str]], Callable[[], None]]] = []
         # a fault for tests: HOST:N, the Nth `ns` call to HOST's mount is not sent
         host, _, nth = (os.environ.get(DROP_ENV) or "").partition(":")
         self.drop = (host, int(nth)) if nth.isdigit() else None
@@ -107,6 +119,10 @@ class NamespaceFeed:
         for feed in self.mounts.values():
             feed.drop(sid)
         self.sent.pop(sid, None)
+        self.held.pop(sid, None)
+        self.listing_out.pop(sid, None)
+        self.last_call.pop(sid, None)
+        self.head.cancel(self.timers.pop(sid, None))
         self.acked.pop(sid, None)
         self.acked_above.pop(sid, None)
         self._release_node(sid, None)       # nobody waits for a node that is gone
@@ -137,16 +153,51 @@ class NamespaceFeed:
         if not feed.ready:
             feed.waiting.append((sid, keys))
             return
+        self._list(mountpoint, feed, sid, keys)
+
+    def prefetch(self, mountpoint: str, sid: str, keys: List[str],
+                 done: Callable[[], None]) -> None:
+        """Send a node's mount the listings of `keys` it does not hold yet
+        (a recipe about to start in them); done() once it took them (at once
+        if it holds them all, or before the scans are in: its own looks
+        wait for the listings then)."""
+        feed = self.mounts.get(mountpoint)
+        if feed is None or not feed.ready:
+            done()
+            return
+        held = feed.by_sid.get(sid, set())
+        flying = self.listing_out.get(sid, {})
+        on_way = {flying[k] for k in keys if k in held and k in flying}
+        keys = [k for k in keys if k not in held]
+        one = after(len(on_way) + (1 if keys else 0), done)
+        for call in on_way:            # listings sent, not yet taken
+            self.listing_done.setdefault(call, []).append(one)
+        if keys:
+            self._list(mountpoint, feed, sid, keys, one)
+
+    def _list(self, mountpoint: str, feed: MountFeed, sid: str, keys: List[str],
+              done: Optional[Callable[[], None]] = None) -> None:
         listings = {}
+        self.listing_calls += 1
+        call = self.listing_calls
+        flying = self.listing_out.setdefault(sid, {})
         for key in keys:
             key = key.strip("/")
             feed.subscribe(sid, key)
             listings[key] = self.entries(mountpoint, key)
+            flying[key] = call
         self.directories_listed += len(listings)
+        self.listing_done[call] = [done] if done is not None else []
 
         def answered(ok: bool, error: str, result: Dict[str, Any]) -> None:
             if not ok:
                 self.head.log("gmount: listing for %s: %s" % (sid, error))
+            mine = self.listing_out.get(sid, {})
+            for key in listings:
+                if mine.get(key) == call:
+                    del mine[key]
+            for fn in self.listing_done.pop(call, []):
+                fn()
         self.head.call_role(sid, "listing", {"dirs": listings}, answered)
 
     def scanned(self, mountpoint: str) -> None:
@@ -164,28 +215,36 @@ class NamespaceFeed:
                 done: Callable[[], None] | None = None) -> None:
         """The catalog changed under these names (relative to the mountpoint):
         at the end of this loop round their subscribers hear it; done() once
-        every one of them has taken it, and every change sent before."""
+        every mount service has taken it, and every change sent before."""
         feed = self.mounts.get(mountpoint)
         if feed is not None:
             for rel in rels:
                 key, name = key_of(rel)
                 if name and key in feed.by_dir:
                     feed.changed.setdefault(key, set()).add(name)
+        self._arm()
         if done is not None:
-            self.done_waiting.append(done)
+            self.node_waiting.append((None, done))
+
+    def _arm(self) -> None:
         if not self.flush_armed:
             self.flush_armed = True
             self.head.at_end(self._send)
 
     def node_barrier(self, sids: List[str], done: Callable[[], None]) -> None:
         """done() once these mount services have taken every change sent to
-        them so far, and those this loop round is about to send (a recipe
-        about to start on their host: other nodes' acks are not waited for)."""
+        them so far, those held for them, and those this loop round is about
+        to send (a recipe about to start on their host: other nodes' answers
+        are not waited for)."""
         if self.flush_armed:
             self.node_waiting.append((sids, done))
             return
-        waits = [(sid, self.sent[sid]) for sid in sids
-                 if self.acked.get(sid, 0) < self.sent.get(sid, 0)]
+        waits = []
+        for sid in sids:
+            self._flush(sid)            # somebody waits: no coalescing
+            due = self.sent.get(sid, 0) + (1 if self.held.get(sid) else 0)
+            if self.acked.get(sid, 0) < due:
+                waits.append((sid, due))
         if not waits:
             done()
             return
@@ -199,6 +258,10 @@ class NamespaceFeed:
             upto += 1
             above.discard(upto)
         self.acked[sid] = upto
+        if any(w[0] == sid for w in self.node_waiters):
+            self._flush(sid)
+        else:
+            self._soon(sid)
         self._release_node(sid, upto)
 
     def _release_node(self, sid: str, upto: Optional[int]) -> None:
@@ -213,47 +276,62 @@ class NamespaceFeed:
                 done()
 
     def _send(self) -> None:
+        """This loop round's changes to each subscriber: now, or with its next
+        call if its last one is unanswered."""
         self.flush_armed = False
-        self.generation += 1
-        gen = self.generation
-        self.waiters.extend((gen, done) for done in self.done_waiting)
-        self.done_waiting = []
-        calls: Dict[str, Dict[str, Entries]] = {}
         for mp, feed in self.mounts.items():
             changed, feed.changed = feed.changed, {}
             for key, names in changed.items():
-                entries = self.entries(mp, key, sorted(names))
                 for sid in feed.by_dir.get(key, ()):
-                    calls.setdefault(sid, {})[key] = entries
-        if calls:
-            self.unanswered[gen] = len(calls)
-        for sid, dirs in calls.items():
-            seq = self.sent[sid] = self.sent.get(sid, 0) + 1
-
-            def answered(ok: bool, error: str, result: Dict[str, Any], sid: str = sid,
-                         seq: int = seq) -> None:
-                self.unanswered[gen] -= 1
-                if not self.unanswered[gen]:
-                    del self.unanswered[gen]
-                    self._release()
-                self._acked(sid, seq)
-            if self.drop is not None and self.drop == (self._host(sid), seq):
-                answered(True, "", {})
-                continue
-            self.head.call_role(sid, "ns", {"dirs": dirs, "seq": seq}, answered)
-        self._release()
+                    held = self.held.setdefault(sid, {}).setdefault(mp, {})
+                    held.setdefault(key, set()).update(names)
+        for sid in list(self.held):
+            self._soon(sid)
         waiting, self.node_waiting = self.node_waiting, []
         for sids, done in waiting:
-            self.node_barrier(sids, done)
+            self.node_barrier(list(self.sent) if sids is None else sids, done)
+
+    def _soon(self, sid: str) -> None:
+        """sid's held changes go now if no call went within COALESCE, else
+        once it has passed (and its last call is answered)."""
+        if sid in self.timers or not self._may_call(sid):
+            return
+        wait = COALESCE - (time.monotonic() - self.last_call.get(sid, 0.0))
+        if wait <= 0:
+            self._flush(sid)
+            return
+
+        def due() -> None:
+            self.timers.pop(sid, None)
+            self._flush(sid)
+        self.timers[sid] = self.head.call_later(wait, due)
+
+    def _may_call(self, sid: str) -> bool:
+        return bool(self.held.get(sid)) and self.acked.get(sid, 0) >= self.sent.get(sid, 0)
+
+    def _flush(self, sid: str) -> None:
+        """sid's held changes in one call now, unless its last is unanswered."""
+        if self._may_call(sid):
+            self.head.cancel(self.timers.pop(sid, None))
+            self.last_call[sid] = time.monotonic()
+            self._call(sid, self.held.pop(sid))
+
+    def _call(self, sid: str, changed: Dict[str, Dict[str, Set[str]]]) -> None:
+        """One `ns` call: the catalog's entries now for the names changed."""
+        dirs: Dict[str, Entries] = {}
+        for mp, keys in changed.items():
+            if mp in self.mounts:
+                for key, names in keys.items():
+                    dirs[key] = self.entries(mp, key, sorted(names))
+        seq = self.sent[sid] = self.sent.get(sid, 0) + 1
+
+        def answered(ok: bool, error: str, result: Dict[str, Any]) -> None:
+            self._acked(sid, seq)
+        if self.drop is not None and self.drop == (self._host(sid), seq):
+            self.head.at_end(lambda: answered(True, "", {}))
+            return
+        self.head.call_role(sid, "ns", {"dirs": dirs, "seq": seq}, answered)
 
     def _host(self, sid: str) -> str:
         node = self.head.node(sid)
         return node.hostname if node is not None else ""
-
-    def _release(self) -> None:
-        """done() of every waiter whose generation and all before it are answered."""
-        oldest = min(self.unanswered) if self.unanswered else self.generation + 1
-        ready = [done for gen, done in self.waiters if gen < oldest]
-        self.waiters = [(gen, done) for gen, done in self.waiters if gen >= oldest]
-        for done in ready:
-            done()

@@ -39,12 +39,13 @@ if TYPE_CHECKING:
 MOUNT_WAIT = 20.0
 # Whether the kernel keeps missing names (negative entries for the attribute
 # timeout, each dropped through fuse_lowlevel_notify_inval_entry when the head
-# announces the name: kernel_cache.py). Off: on 64 test-bed hosts under heavy
-# load a node's cache thread stuck in the kernel's fuse_reverse_inval_entry
-# (waiting for a directory lock held by a request its FUSE workers never
-# answered) and hung the mount for good; until that is understood a miss
-# costs a call into the mount (answered from the copy, no network).
-KEEP_MISSES = False
+# announces the name: kernel_cache.py). The drop waits in the kernel for the
+# directory's lock, which a lookup in it holds until the mount answers: no
+# FUSE call may wait for the kernel cache thread (none does), and none waits
+# long (a look into a directory the copy lacks waits for one listing from the
+# head, no longer for every peer: at 64 hosts that fan-out kept lookups, and
+# with them the drop, waiting for minutes).
+KEEP_MISSES = True
 # seconds of changes made through the mount sent as one answer: the first
 # change after a quiet spell goes at once, a burst (tar, configure) then
 # goes to the head and back to the other nodes in a few rounds instead of a
@@ -144,6 +145,10 @@ class GMountNode(NodeSide):
         self.fs: Any = None               # the MergedFS, once mounted
         self.cache: Any = None            # the replica store, once mounted
         self.kcache: Any = None           # the mount's kernel cache handle (FUSE init)
+        self.fuse_context: Any = None     # mfusepy's fuse_get_context, once mounted
+        # this node's agent (our parent: role nodes are its children), whose
+        # FUSE calls never wait for the head (_may_wait)
+        self.agent_pid = os.getppid()
         self.stopping = False
         self.up = False
         self.error = ""
@@ -231,8 +236,9 @@ class GMountNode(NodeSide):
                                 node=cfg.host_name, log=self.log, branch_places=cfg.places,
                                 on_ready=self._fuse_ready)
         fs.on_change = self._on_change
+        self.fuse_context = merged_fs.fuse_get_context
         if len(branches) > 1:
-            fs.namespace = NamespaceCopy(self._ask_listings)
+            fs.namespace = NamespaceCopy(self._ask_listings, self._may_wait, cfg.timeout)
         calls = self.server.stats["calls"]
         fs.served = lambda: dict(calls)
         return fs
@@ -252,6 +258,16 @@ class GMountNode(NodeSide):
             watch.close()
 
     # -- the namespace copy (sshfsmux/fs/namespace_copy.py, gmount/namespace_feed.py) ---
+    def _may_wait(self) -> bool:
+        """Whether this FUSE call may wait for the head's listing: not when
+        the caller is this node's agent (the listing comes through its loop;
+        its chdir for a job would wait for itself), nor off FUSE's threads."""
+        try:
+            _uid, _gid, pid = self.fuse_context()
+        except Exception:
+            return False
+        return bool(pid) and pid != self.agent_pid
+
     def _ask_listings(self, keys: List[str]) -> None:      # a FUSE thread
         from gxpstyle.protocol import wire
         host = self.host

@@ -3,10 +3,10 @@
 When a recipe ends, the mount of the host that ran it describes its files
 for the catalog, with what its change feed holds (a failed recipe's files
 are described by nobody: every mount drops them); the nodes holding those
-directories take the change before make hears the recipe ended. Before a
-recipe starts, its node's copy holds every change the head has sent
-(settle); as a make starts, every mount's change feed reaches the catalog
-(sync). A mixin of GMountService (service.py).
+directories hear the change, and make hears the recipe ended once the mount
+on the head's host (where make runs) took it. Before a recipe starts, its
+node's copy holds every change the head has sent (settle); as a make
+starts, every mount's change feed reaches the catalog (sync). A mixin of GMountService (service.py).
 
 Head side.
 """
@@ -16,6 +16,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from gxpstyle.api.services import after
+from gxpstyle.protocol.wire import HEAD
 from sshfsmux.gmount import file_records
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ class RecipeChanges:
         the catalog, with what its change feed holds (not `complete`: a
         failed recipe's files: every mount drops them, none describes them,
         the host's change feed still comes); done() once every mount has
-        answered (or is lost).
+        answered (or is lost) and the head host's mount took the changes.
         The recipes that end in one loop round share one `changed` call per
         mount service (two where some of them ran on its host)."""
         if not self._changes:
@@ -116,8 +117,11 @@ class RecipeChanges:
                     # and what the recipe changed besides its targets (automake's
                     # .deps/*.Po renamed into place), from that node's change feed
                     changed += self._take_copies(m, result.get("copies"))
-                    # the nodes holding these directories take the change before make hears
-                    self.feed.touched(m.mountpoint, changed, lambda: acted((sid, holder)))
+                    # the nodes holding these directories hear it; make (on the
+                    # head's host) hears the recipe ended once the mount there
+                    # took it, and a recipe starts once its own node's did (settle)
+                    self.feed.touched(m.mountpoint, changed)
+                    self.feed.node_barrier(self._sids_on_head(), lambda: acted((sid, holder)))
                     return
                 self.head.log("gmount: %s: changed files: %s" % (self._name(nid), error))
                 acted((sid, holder))
@@ -134,6 +138,12 @@ class RecipeChanges:
                 if there is not None and host and there.hostname == host:
                     out.append((m, nid, sid))
         return out
+
+    def _sids_on_head(self) -> List[str]:
+        """The mount services on the head's host, where make runs."""
+        info = self.head.node(HEAD)
+        host = info.hostname if info is not None else None
+        return [sid for _m, _nid, sid in self._on_host(host, self.mounts.values())]
 
     def _services_on(self, host: Optional[str], paths: List[str]) -> List[Any]:
         """(mountpoint, node id, service id) of each live mount holding one of
@@ -165,14 +175,25 @@ class RecipeChanges:
                 if self.catalog.entry(os.path.join(m.mountpoint, rel)) != before.get(rel)
                 or rel in unstored]
 
-    def settle(self, node: str, done: Callable[[], None]) -> None:
+    def settle(self, node: str, done: Callable[[], None], cwd: Optional[str] = None) -> None:
         """A recipe is about to start on `node`: done() once the mount on its
-        host has taken every change the head has sent it (namespace_feed);
-        the other nodes' answers are not waited for."""
+        host has taken every change the head has sent it (namespace_feed)
+        and holds the listings of `cwd` and the directories above it (the
+        node's agent enters cwd for the job, and its own look into a
+        directory the copy lacks would ask every peer); the other nodes'
+        answers are not waited for."""
         info = self.head.node(node)
         host = info.hostname if info is not None else None
-        self.feed.node_barrier([sid for _m, _nid, sid in self._on_host(host, self.mounts.values())],
-                               done)
+        here = self._on_host(host, self.mounts.values())
+        inside = self._mount_of(os.path.normpath(cwd)) if cwd else None
+        prefetch = [(m, sid) for m, _nid, sid in here if m is inside and self.head.is_up(sid)]
+        one = after(1 + len(prefetch), done)
+        for m, sid in prefetch:
+            rel = os.path.relpath(os.path.normpath(str(cwd)), m.mountpoint)
+            parts = rel.split("/")
+            keys = [""] + ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+            self.feed.prefetch(m.mountpoint, sid, keys, one)
+        self.feed.node_barrier([sid for _m, _nid, sid in here], one)
 
     def sync(self, done: Callable[[], None]) -> None:
         """Every live mount sends what its change feed holds, the catalog takes

@@ -151,8 +151,6 @@ def test_changes_through_one_mount_are_seen_by_recipes_make_starts_afterwards(be
         g.ok("umount")
 
 
-@pytest.mark.xfail(strict=True, reason="the kernel keeps no miss: keeping them (gmount/node.py "
-                   "KEEP_MISSES) hung a mount in fuse_reverse_inval_entry on 64 hosts (issue 26)")
 def test_a_missing_name_reaches_fuse_once_per_negative_timeout(bed, g):
     from sshfsmux.fs.fuse_glue import ATTR_SECONDS
     mnt = mounted(g)

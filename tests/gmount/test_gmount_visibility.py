@@ -203,8 +203,6 @@ line%: | build.log
 """
 
 
-@pytest.mark.xfail(strict=False, reason="issue 26: in about 1 run of 5 the two lines of one "
-                   "node are missing (not yet understood); every other run keeps all 24")
 def test_24_appends_from_recipes_on_four_or_more_nodes_keep_every_line(bed, g, mnt):
     work = mnt + "/app"
     bed.run_as(g.user, ["sh", "-c", "mkdir %s && cat > %s/Makefile" % (work, work)],

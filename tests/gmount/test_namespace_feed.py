@@ -1,8 +1,9 @@
 """The namespace copies of a GMount (issue 26), without a test bed: the head's
 feed (sshfsmux/gmount/namespace_feed.py) lists directories from the catalog
 once every export is in, sends each change only to the nodes holding its
-directory, and says a change is taken only once every earlier one is; a
-node's copy (sshfsmux/fs/namespace_copy.py) never waits for the head."""
+directory (one call at a time per node, later changes held for the next),
+and says a change is taken only once every earlier one is; a node's copy
+(sshfsmux/fs/namespace_copy.py) waits for a listing only where it may."""
 from __future__ import annotations
 
 import stat
@@ -19,12 +20,21 @@ class FakeHead:
     def __init__(self):
         self.calls = []         # (sid, call, args, done)
         self.ends = []
+        self.later = []         # call_later's functions (None: cancelled)
 
     def call_role(self, sid, call, args, done):
         self.calls.append((sid, call, args, done))
 
     def at_end(self, fn):
         self.ends.append(fn)
+
+    def call_later(self, delay, fn):
+        self.later.append(fn)
+        return len(self.later)
+
+    def cancel(self, handle):
+        if handle:
+            self.later[handle - 1] = None
 
     def end_round(self):
         ends, self.ends = self.ends, []
@@ -71,22 +81,58 @@ def test_changes_go_to_the_holders_of_the_directory_and_done_waits_for_every_ear
     head.end_round()
     (sid, call, args, answer_first), = head.calls
     assert (sid, call, args) == ("s1", "ns", {"dirs": {"src": {"b.c": [["n1", 5, 4.0, REG]]}}, "seq": 1})
-    # a recipe's output, pushed while the first push is unanswered: make
+    # a recipe's output, changed while the first call is unanswered: held
+    # for the node's next call, which goes when the first is answered; make
     # hears only once both are taken (and a recipe starts only then)
     catalog.remove(MP + "/src/a.c")
+    catalog.add(MP + "/src/c.c", "0.2", 7, 5.0, None, REG)
     taken, started = [], []
     feed.touched(MP, ["src/a.c"], lambda: taken.append(1))
     head.end_round()
+    feed.touched(MP, ["src/c.c"])
+    head.end_round()
     feed.node_barrier(["s1"], lambda: started.append(1))
-    answer_second = head.calls[-1][3]
-    # numbered per node: a node that sees a number skipped starts its copy over
-    assert head.calls[-1][2] == {"dirs": {"src": {"a.c": []}}, "seq": 2}
-    answer_second(True, "", {})
-    assert taken == [] and started == []
+    assert len(head.calls) == 1
     answer_first(True, "", {})
+    assert taken == [] and started == []
+    # numbered per node: a node that sees a number skipped starts its copy over
+    (sid, call, args, answer_second) = head.calls[-1]
+    assert (sid, args) == ("s1", {"dirs": {"src": {"a.c": [], "c.c": [["n2", 7, 5.0, REG]]}},
+                                  "seq": 2})
+    answer_second(True, "", {})
     assert taken == [1] and started == [1]
     feed.node_barrier(["s1"], lambda: started.append(2))
     assert started == [1, 2]           # nothing on its way: at once
+    # nobody waits: a change right after a call waits out COALESCE, then goes
+    catalog.add(MP + "/src/d.c", "0.2", 1, 6.0, None, REG)
+    feed.touched(MP, ["src/d.c"])
+    head.end_round()
+    assert head.calls[-1][2]["seq"] == 2 and len(head.later) == 1
+    head.later[0]()
+    assert head.calls[-1][2] == {"dirs": {"src": {"d.c": [["n2", 1, 6.0, REG]]}}, "seq": 3}
+
+
+def test_a_caller_that_may_wait_gets_the_listing_others_do_not_wait():
+    import threading
+    asked, may, came = [], {"wait": True}, threading.Event()
+
+    def fetch(keys):
+        asked.append(keys)
+        came.set()
+    ns = NamespaceCopy(fetch, lambda: may["wait"], 30.0)
+    got = []
+    t = threading.Thread(target=lambda: got.append(ns.holders("/src/a.c")))
+    t.start()
+    assert came.wait(10)
+    may["wait"] = False
+    assert ns.holders("/src/b.c") is None        # the agent's own call: never waits
+    ns.fill({"src": {"a.c": [["n2", 10, 2.0, REG]]}})
+    t.join(10)
+    assert not t.is_alive() and got == [(("n2", 10, 2.0, REG),)] and asked == [["src"]]
+    # a fetch that fails ends the wait: the caller asks the branches
+    def broken(keys):
+        raise OSError("no head")
+    assert NamespaceCopy(broken, lambda: True, 30.0).holders("/x/y") is None
 
 
 def test_a_nodes_copy_never_waits_and_drops_what_it_found_meanwhile():
@@ -124,3 +170,23 @@ def test_a_directory_made_here_is_answered_at_once_and_a_gap_starts_the_copy_ove
     copy.update({"d": {"y": [["n3", 2, 2.0, REG]]}})
     assert sorted(copy.forget_all()) == ["/d", "/d/y"]
     assert copy.holders("/d/y") is None and asked[-1] == ["d"]
+
+
+def test_a_recipe_start_sends_the_listings_of_its_directory_once():
+    head, catalog, feed = feed_with_files()
+    feed.scanned(MP)
+    done = []
+    feed.prefetch(MP, "s1", ["", "src"], lambda: done.append(1))
+    (sid, call, args, answer), = head.calls
+    assert (sid, call, sorted(args["dirs"])) == ("s1", "listing", ["", "src"])
+    feed.prefetch(MP, "s1", ["", "src"], lambda: done.append(2))    # on its way: waits for it
+    assert len(head.calls) == 1 and done == []
+    answer(True, "", {})
+    assert done == [1, 2]
+    feed.prefetch(MP, "s1", ["", "src"], lambda: done.append(3))    # held: at once
+    assert done == [1, 2, 3] and len(head.calls) == 1
+    # the node subscribed: a change under src reaches it
+    catalog.add(MP + "/src/e.c", "0.2", 1, 7.0, None, REG)
+    feed.touched(MP, ["src/e.c"])
+    head.end_round()
+    assert head.calls[-1][:2] == ("s1", "ns")

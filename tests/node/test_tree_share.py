@@ -11,21 +11,26 @@ from gxpstyle.protocol import wire
 
 
 class _Link:
-    def __init__(self, peer: str, sent: list) -> None:
-        self.peer, self.sent = peer, sent
+    def __init__(self, peer: str, sent: list, events: list) -> None:
+        self.peer, self.sent, self.events = peer, sent, events
 
     def send(self, dst: str, src: str, msg: dict) -> None:
         _, _, body = wire.split_frame(wire.encode_frame(dst, src, msg)[4:])
         self.sent.append((dst, src, wire.decode_message(body)))
 
+    def push(self) -> None:
+        self.events.append("push " + self.peer)
+
 
 class _Jobs:
-    def __init__(self) -> None:
+    def __init__(self, events: list) -> None:
         self.started = []
+        self.events = events
 
     def start(self, requester: str, msg: dict) -> None:
         wire.validate(msg)
         self.started.append((requester, msg))
+        self.events.append("start")
 
 
 class _Node:
@@ -34,11 +39,12 @@ class _Node:
     def __init__(self, nid: str, children) -> None:
         self.id, self.name = nid, "n" + nid
         self.sent: list = []
-        self.children = {c: _Link(c, self.sent) for c in children}
-        self.jobs = _Jobs()
+        self.events: list = []      # pushes of links and starts of our own job, in order
+        self.children = {c: _Link(c, self.sent, self.events) for c in children}
+        self.jobs = _Jobs(self.events)
 
     def send(self, dst: str, msg: dict) -> None:
-        _Link(dst, self.sent).send(dst, self.id, msg)
+        _Link(dst, self.sent, []).send(dst, self.id, msg)
 
 
 def _exec_tree(targets: dict, fold: bool = False) -> dict:
@@ -144,3 +150,12 @@ def test_a_report_goes_up_early_when_it_folds_too_much():
     trees.report("0.6.2", _report([{"status": 1, "error": "", "nodes": ["0.6.2"], "out": b"b"}]))
     last = [x[2] for x in node.sent if x[2]["op"] == "exec_report"][-1]
     assert last["final"] is True and last["groups"][0]["nodes"] == ["0.6.2"]
+
+
+def test_the_children_have_their_share_before_our_own_command_starts():
+    # A spawn holds the node until the shell has exec'd: under many spawns at
+    # once every level below would wait for it if the frames went at the end
+    # of the round (issue 27).
+    node = _Node("0.1", ["0.1.1", "0.1.2"])
+    TreeJobs(node).start("c1", _exec_tree({"0.1": {}, "0.1.1": {}, "0.1.2.3": {}}))
+    assert node.events == ["push 0.1.1", "push 0.1.2", "start"]
