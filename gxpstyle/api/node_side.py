@@ -49,7 +49,7 @@ def message(svc: str, mtype: str, body: Dict[str, Any]) -> Dict[str, Any]:
 class NodeHost:
     """What a node side may use of its node: id, name, secret, opts (read
     them only), loop (for sockets of its own), call_soon_threadsafe and
-    call_later (the loop's), send, log, tls_files, session_dir."""
+    call_later (the loop's), send, log, tls_files, session_dir, open_stream."""
 
     def __init__(self, node: Any, svc: str) -> None:
         self._node, self.svc = node, svc
@@ -61,6 +61,18 @@ class NodeHost:
     def send(self, dst: str, mtype: str, body: Dict[str, Any]) -> None:
         """A message of this service to node `dst` (wire.HEAD: its head side)."""
         self._node.send(dst, message(self.svc, mtype, body))
+
+    def open_stream(self, node_id: str, port: int, timeout: float) -> Any:
+        """A socket carried along the tree to 127.0.0.1:`port` on node
+        `node_id`'s host, for a peer this host cannot connect to itself
+        (gxpstyle/node/tree_streams.py); OSError in words if it cannot be had
+        within `timeout`. Blocks: call it from a thread of the side's own."""
+        streams = self._node.streams()
+        if streams is None:
+            import errno
+            raise OSError(errno.ENOSYS, "%s cannot carry a stream: the head did not push "
+                          "gxpstyle.node.tree_streams to it" % self.name)
+        return streams.open(node_id, port, timeout)
 
 
 class NodeSide:

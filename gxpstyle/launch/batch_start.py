@@ -72,8 +72,7 @@ class BatchStarts:
     def start(self, cs: child_bootstrap.ChildStart) -> None:
         import socket
 
-        from gxpstyle.launch import channels, child_bootstrap
-        from gxpstyle.node import agent
+        from gxpstyle.launch import bootstrap, channels, child_bootstrap
         from gxpstyle.transport import link_auth
         listener = self.ensure_listener()
         d = self.node.ensure_session_dir()
@@ -83,7 +82,7 @@ class BatchStarts:
         err = "/dev/null"
         host = cs.spec.get("connect_host") or socket.gethostname()
         text = channels.job_script(cs.channel, cs.spec, cs.child, host, listener.port, token,
-                                   self.node.opts["pin"], agent.module_source(link_auth), err)
+                                   self.node.opts["pin"], bootstrap.module_source(link_auth), err)
         fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(text)

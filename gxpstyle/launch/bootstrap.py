@@ -42,8 +42,10 @@ AGENT_MODULES: List[str] = [
 # The module whose main(fds) a shipped agent runs.
 AGENT_ENTRY = "gxpstyle.node.agent"
 # Core modules an agent gets only when the head pushes them: the node side of
-# a core service (bcast's), which most agents never host.
-SIDE_MODULES: List[str] = ["gxpstyle.bcast.direct_links", "gxpstyle.bcast.node"]
+# a core service (bcast's), which most agents never host, and the byte streams
+# along the tree, pushed by the services whose nodes use them (GMount's).
+SIDE_MODULES: List[str] = ["gxpstyle.bcast.direct_links", "gxpstyle.bcast.node",
+                           "gxpstyle.node.tree_streams"]
 
 # The one receiver of the agent program, shared by every first stage (a
 # channel's `python3 -c`, a batch job's connect-back script): read exactly a
@@ -221,11 +223,13 @@ def module_sources(names: List[str]) -> Dict[str, str]:
     """Sources of installed modules (and their packages) by name, on the head."""
     import importlib.util
     out: Dict[str, str] = {}
+    # every agent has these packages (a side module may live in one: tree_streams)
+    core = {".".join(m.split(".")[:i]) for m in AGENT_MODULES for i in range(1, m.count(".") + 1)}
     for name in names:
         parts = name.split(".")
         for i in range(1, len(parts) + 1):
             sub = ".".join(parts[:i])
-            if sub in out or sub == "gxpstyle":      # every agent has the package
+            if sub in out or sub in core:
                 continue
             # Read, not import: the mount code (libfuse through ctypes) need
             # not be loaded into the head to be pushed.
@@ -270,6 +274,21 @@ def agent_sources() -> Dict[str, str]:
     """On a shipped agent: the sources the loader received."""
     import sys
     return dict(sys.modules["gxpstyle"].__gxp_sources__)
+
+
+def module_source(module: Any) -> str:
+    """Source of a shipped module, on the head (from its file) or on an agent (kept
+    in memory by the loader, as the gxpstyle package's __gxp_sources__: a gateway
+    that submits batch jobs writes link_auth's into their scripts)."""
+    import sys
+    src = getattr(module, "__gxp_source__", None)
+    if src is None:
+        shipped = getattr(sys.modules.get("gxpstyle"), "__gxp_sources__", None) or {}
+        src = shipped.get(module.__name__)
+    if src is None:
+        import inspect
+        src = inspect.getsource(module)
+    return src
 
 
 def agent_payload() -> Optional[Tuple[bytes, bytes]]:

@@ -39,20 +39,6 @@ from gxpstyle.transport.links import Link, frame_with_prefix
 QUIT_GRACE = 3.0
 
 
-def module_source(module: Any) -> str:
-    """Source of a shipped module, on the head (from its file) or on an agent (kept
-    in memory by the loader, as the gxpstyle package's __gxp_sources__: a gateway
-    that submits batch jobs writes link_auth's into their scripts)."""
-    src = getattr(module, "__gxp_source__", None)
-    if src is None:
-        shipped = getattr(sys.modules.get("gxpstyle"), "__gxp_sources__", None) or {}
-        src = shipped.get(module.__name__)
-    if src is None:
-        import inspect
-        src = inspect.getsource(module)
-    return src
-
-
 class Node:
     def __init__(self, node_id: str, name: str, session: str, secret: bytes,
                  opts: Dict[str, Any], payloads: bootstrap.PayloadCache,
@@ -80,6 +66,7 @@ class Node:
         # name: the role's own (a role node), and those the head asked for.
         self.sides: Dict[str, Any] = {}
         self.role = str(opts.get("role") or "")
+        self._streams: Any = None       # tree_streams.py
 
     # -- sending and routing ---------------------------------------------
     def backlog(self) -> int:
@@ -95,8 +82,7 @@ class Node:
         # end before the client can see `exit` and ask (`gxpc smask`) about it.
         if msg["op"] == "exit" and (dst, msg["job"]) in self.notify_jobs:
             self.notify_jobs.discard((dst, msg["job"]))
-            self.send(wire.HEAD, {"op": "done", "job": msg["job"], "client": dst,
-                                  "status": msg["status"], "error": msg["error"]})
+            self.send(wire.HEAD, dict(msg, op="done", client=dst))
         self.send(dst, msg)
 
     def send(self, dst: str, msg: Dict[str, Any]) -> None:
@@ -143,12 +129,14 @@ class Node:
             msg = wire.decode_message(body)
         except wire.FrameError:
             return
-        if msg["op"] == "exec":
+        if msg["op"] in ("stream_open", "stream_data", "stream_ack"):    # tree_streams.py
+            self.send(src, {"op": "stream_close", "sid": msg["sid"],
+                            "reason": "node %s is not reachable" % dst})
+        elif msg["op"] == "exec":
             exit_msg = {"op": "exit", "job": msg["job"], "status": 255,
                         "error": "node %s is not reachable" % dst}
             if msg.get("notify"):
-                self.send(wire.HEAD, {"op": "done", "job": msg["job"], "client": src,
-                                      "status": 255, "error": exit_msg["error"]})
+                self.send(wire.HEAD, dict(exit_msg, op="done", client=src))
             self.send(src, exit_msg)
 
     def deliver(self, src: str, body: bytes, from_link: Optional[Link]) -> None:
@@ -157,7 +145,7 @@ class Node:
         except wire.FrameError as e:
             self.log("dropped a bad message from %s: %s" % (src, e))
             return
-        handler = getattr(self, "op_" + msg["op"], None)
+        handler = getattr(self, "op_" + msg["op"], None) or getattr(self.streams(), "op_" + msg["op"], None)
         if handler is None:
             self.log("no handler for %s from %s" % (msg["op"], src))
             return
@@ -167,6 +155,17 @@ class Node:
             # A message that trips a handler is dropped and logged; the node,
             # its links and its jobs go on.
             self.log_failure("%s from %s" % (msg["op"], src), e)
+
+    def streams(self) -> Any:
+        """The node's byte streams along the tree (tree_streams.py), None on a
+        node the head did not push that module to (most never carry a stream)."""
+        if self._streams is None:
+            try:
+                from gxpstyle.node.tree_streams import TreeStreams
+            except ImportError:
+                return None
+            self._streams = TreeStreams(self)
+        return self._streams
 
     def log(self, text: str, level: str = "info") -> None:
         if self.id == wire.HEAD:

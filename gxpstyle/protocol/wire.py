@@ -113,6 +113,7 @@ _JOB = Int(0, (1 << 63) - 1)
 _TEXT = Str(1 << 16)
 _MAP = MapOf(_Any())
 _STRS = ListOf(Str(1 << 16), 1024)
+_SID = Str(MAX_ADDR + 24, empty=False)
 
 # What a channel spec may carry (use-rule options, plus what the head and the
 # parent add): every field a channel or the bootstrap reads.
@@ -176,6 +177,13 @@ SCHEMA: Dict[str, Rec] = {
     # the command took `bytes` of its stdin (eof: it will take no more)
     "out_ack": Rec({"job": _JOB, "bytes": Int(0, 1 << 62)}, open=True),
     "stdin_ack": Rec({"job": _JOB, "bytes": Int(0, 1 << 62), "eof": Bool()}, open=True),
+    # byte streams along the tree (gxpstyle/node/tree_streams.py): `sid` is
+    # "<opener id>/<n>"; the asked node connects to its own 127.0.0.1:port
+    "stream_open": Rec({"sid": _SID, "port": Int(1, 65535)}, open=True),
+    "stream_opened": Rec({"sid": _SID, "ok": Bool(), "error": _TEXT}, open=True),
+    "stream_data": Rec({"sid": _SID, "data": Bytes(CHUNK), "eof": Bool()}, open=True),
+    "stream_ack": Rec({"sid": _SID, "bytes": Int(0, 1 << 62)}, open=True),
+    "stream_close": Rec({"sid": _SID, "reason": _TEXT}, open=True),
     # a service's own messages between its head side and its node sides
     # (node_side.py), routed by service name; `body` is checked against the
     # schema the receiving side declares for `type` before a handler sees it

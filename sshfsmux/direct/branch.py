@@ -8,7 +8,10 @@ exporting agent instead of through SSH.
 certificate's SHA-256 (unused with cipher=False, which keeps the mutual HMAC
 authentication and authenticates every frame, but sends data in clear).
 
-One persistent connection carries every call (direct_channel). If it drops, the
+One persistent connection carries every call (direct_channel). Where the
+export's host cannot be reached directly (another site), `via_tree`
+opens the connection along the session's tree instead, found by trying
+(transport.connect); TLS and the proofs run end to end over it the same. If it drops, the
 next call connects again (once per call); a call that may already have reached
 the server is sent again only if it is idempotent, else it fails with EIO. A
 call without an answer within `timeout` fails with EIO and closes the
@@ -49,6 +52,22 @@ MAX_CALL_SECONDS = 3600.0
 RETRY_SECONDS = 5.0         # after the export stopped answering, calls fail at once this long
 
 
+def tree_way(host: Any, node_id: Optional[str], port: int,
+             log: Optional[Callable[[str], None]] = None) -> Optional[Callable[[float], Any]]:
+    """How a peer's export is reached when no direct connection can be made:
+    a stream along the session's tree to its agent (`host`: the node side's
+    NodeHost, whose open_stream gives it); None without a host or a peer id."""
+    if not node_id or host is None:
+        return None
+
+    def through_tree(timeout: float) -> Any:
+        sock = host.open_stream(node_id, port, timeout)
+        if log is not None:
+            log("data channel to %s: along the tree (no direct connection)" % node_id)
+        return sock
+    return through_tree
+
+
 # --- the branch -----------------------------------------------------------------
 
 class DirectBranch(Branch):
@@ -58,8 +77,13 @@ class DirectBranch(Branch):
                  cipher: bool = True, cache_dir: Optional[str] = None,
                  timeout: float = CALL_SECONDS,
                  connect_timeout: float = link_auth.HANDSHAKE_SECONDS,
-                 writable: bool = True, cache: Optional[ReplicaCache] = None) -> None:
+                 writable: bool = True, cache: Optional[ReplicaCache] = None,
+                 via_tree: Optional[Callable[[float], Any]] = None) -> None:
         self.host, self.port, self.key, self.pin = host, port, key, pin
+        # the way when the direct one fails (a socket to the export along the
+        # session's tree); once it had to be taken, the branch keeps to it
+        self.via_tree = via_tree
+        self.tree_only = False
         self.node = node
         self.name = "direct:%s" % node
         self.local = False
@@ -90,8 +114,9 @@ class DirectBranch(Branch):
             if time.monotonic() < self._retry_at:
                 raise _oserror(errno.EIO, "%s is not answering" % self.node)
             try:
-                ch = _Channel(self.host, self.port, self.key, self.pin, self.cipher,
-                              self.connect_timeout, self.timeout)
+                ch = _Channel(None if self.tree_only else self.host, self.port, self.key,
+                              self.pin, self.cipher, self.connect_timeout, self.timeout,
+                              self._through_tree if self.via_tree is not None else None)
             except link_auth.AuthError as e:
                 self._retry_at = time.monotonic() + RETRY_SECONDS
                 raise _oserror(errno.EACCES, "data channel to %s refused: %s" % (self.node, e))
@@ -101,6 +126,14 @@ class DirectBranch(Branch):
             self.stats["connects"] += 1
             self._chan = ch
             return ch
+
+    def _through_tree(self, timeout: float) -> Any:
+        """The direct connection failed (found by trying): the tree carries it."""
+        assert self.via_tree is not None
+        sock = self.via_tree(timeout)
+        self.tree_only = True
+        self.stats["tree"] = self.stats.get("tree", 0) + 1
+        return sock
 
     def _call(self, call: str, args: Dict[str, Any],
               make: Optional[Callable[[], _Pending]] = None) -> Tuple[Any, _Channel]:

@@ -82,9 +82,9 @@ class _Pending:
 class _Channel:
     """One authenticated connection and the calls in flight on it."""
 
-    def __init__(self, host: str, port: int, key: bytes, pin: Optional[str], cipher: bool,
-                 timeout: float, call_timeout: float) -> None:
-        sock, macs = fs_protocol.connect(host, port, key, pin, cipher, timeout)
+    def __init__(self, host: Optional[str], port: int, key: bytes, pin: Optional[str], cipher: bool,
+                 timeout: float, call_timeout: float, via: Any = None) -> None:
+        sock, macs = fs_protocol.connect(host, port, key, pin, cipher, timeout, via)
         self.timeout = call_timeout
         self.lock = threading.Lock()
         self.pending: Dict[int, _Pending] = {}

@@ -24,6 +24,7 @@ Standard library only, Python 3.8 syntax.
 from __future__ import annotations
 
 import collections
+import errno
 import hashlib
 import hmac
 import os
@@ -160,12 +161,33 @@ def tune_socket(sock: socket.socket) -> None:
             pass
 
 
-def connect(host: str, port: int, key: bytes, pin: Optional[str], cipher: bool = True,
-            timeout: float = link_auth.HANDSHAKE_SECONDS
+def connect(host: Optional[str], port: int, key: bytes, pin: Optional[str], cipher: bool = True,
+            timeout: float = link_auth.HANDSHAKE_SECONDS,
+            via: Optional[Callable[[float], socket.socket]] = None,
             ) -> Tuple[socket.socket, Optional[Tuple[bytes, bytes]]]:
     """An authenticated data channel socket and its frame MAC keys (None with
-    TLS). Raises link_auth.AuthError or OSError."""
-    sock = socket.create_connection((host, port), timeout=timeout)
+    TLS). Raises link_auth.AuthError or OSError.
+
+    host None: straight through `via`. Otherwise, found by trying: when the
+    direct connection cannot be made (refused, unreachable, no answer within
+    `timeout`) or what answers there is not the export (its proofs fail: the
+    same private address on another site), `via(timeout)` gives a socket that
+    reaches the same port another way (the tree: NodeHost.open_stream), and
+    the handshake runs over that, end to end."""
+    if host is not None:
+        try:
+            return _handshake(socket.create_connection((host, port), timeout=timeout),
+                              key, pin, cipher, timeout)
+        except (OSError, link_auth.AuthError):
+            if via is None:
+                raise
+    if via is None:
+        raise OSError(errno.EHOSTUNREACH, "no way to the export")
+    return _handshake(via(timeout), key, pin, cipher, timeout)
+
+
+def _handshake(sock: socket.socket, key: bytes, pin: Optional[str], cipher: bool,
+               timeout: float) -> Tuple[socket.socket, Optional[Tuple[bytes, bytes]]]:
     try:
         tune_socket(sock)
         if cipher:

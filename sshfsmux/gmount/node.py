@@ -57,6 +57,7 @@ MAX_PENDING = 100000    # paths kept between answers (more: the catalog misses s
 
 # What the head pushes to a node for this service, dependencies first.
 NODE_MODULES = [
+    "gxpstyle.node.tree_streams",    # the data channel's way where no direct one exists
     "sshfsmux.branches.branch", "sshfsmux.branches.confined_paths", "sshfsmux.direct.transport",
     "sshfsmux.direct.protocol",
     "sshfsmux.branches.local_syscalls", "sshfsmux.branches.local_branch",
@@ -218,7 +219,7 @@ class GMountNode(NodeSide):
     def _merged_fs(self, peers: List[Dict[str, Any]]) -> Any:
         from sshfsmux.branches.local_branch import LocalBranch
         from sshfsmux.branches.replica_cache import ReplicaCache
-        from sshfsmux.direct.branch import DirectBranch
+        from sshfsmux.direct.branch import DirectBranch, tree_way
         from sshfsmux.fs import merged_fs
 
         cfg = self.cfg
@@ -229,7 +230,8 @@ class GMountNode(NodeSide):
             host = pick_address(list(p.get("addrs") or []), self.own)
             branches.append(DirectBranch(host, int(p["port"]), self.key, self.pin,
                                          node=str(p["node"]), cipher=cfg.cipher, cache=cache,
-                                         timeout=cfg.timeout))
+                                         timeout=cfg.timeout, via_tree=tree_way(
+                                             self.host, p.get("id"), int(p["port"]), self.log)))
         fs = merged_fs.MergedFS(branches, mountpoint=cfg.mountpoint, read_only=cfg.ro,
                                 node=cfg.host_name, log=self.log, branch_places=cfg.places,
                                 on_ready=self._fuse_ready)

@@ -148,9 +148,12 @@ def test_payload_built_by_the_head_is_taken_only_for_our_interpreter():
 # cost one Python start per first-level agent, not one each): 48.7 KB as source,
 # 146.6 KB precompiled. Then the event loop on epoll itself (not selectors), a
 # job's environment made once and handed to forks, and no collections or importlib
-# at start: 49.5 KB as source, 149.0 KB precompiled.
+# at start: 49.5 KB as source, 149.0 KB precompiled. Then byte streams along the
+# tree for sites with no direct route (the stream ops' schemas and the agent's
+# hook; tree_streams.py itself is pushed with the services that use it): 50.2 KB
+# as source, 150.9 KB precompiled.
 STAGE1_BUDGET = 1024
-PAYLOAD_BUDGET = {"source": 50 << 10, "precompiled": 150 << 10}
+PAYLOAD_BUDGET = {"source": 51 << 10, "precompiled": 152 << 10}
 
 
 def test_bootstrap_stays_within_its_byte_budget():

@@ -34,6 +34,11 @@ Layout of the bed directory ``/var/tmp/gxptb-<tag>`` (0755)::
     hosts/<name>/keys/    host keys (0700)
     hosts/<name>/sshd_config, boot.sh, sshd.log, sshd.pid
 
+Sites (``up_sites(...)`` instead of ``up``, sites.py): groups of hosts on
+bridges of their own, each reached only through its gateway, the gateways
+and the head joined by a WAN with its own latency (a delaying relay in a
+router namespace, wan_relay.py: there is no netem here) and bandwidth (tbf).
+
 CPU share (optional, ``up(..., cpu_share=0.25)``): a cgroup v1 cpu controller
 group ``/sys/fs/cgroup/cpu/gxptb<tag>-<host>`` per host whose CFS quota is that
 fraction of one CPU; the host's sshd starts in it, so every process of the
@@ -51,13 +56,15 @@ from .bed import TestBed
 from .fuse_access import close_fuse_to_users, fuse_open_to_users, open_fuse_to_users
 from .hosts import Host, User
 from .removal import _remove_dir
+from .sites import sites_requirements_missing
 from .sweep import list_beds, sweep
 from .system import BASE_DIR, CGROUP_CPU, DIR_PREFIX, TestBedError, requirements_missing, sha256_of
 
 # The modules, by concern: system (constants, commands, processes, the global
 # lock), registry (teardown at exit), hosts (Host, User), sshd_hosts and
-# bed_users (TestBed's host start-up and users), bed (TestBed), removal (what
+# bed_users (TestBed's host start-up and users), sites and wan_relay (a
+# wide-area bed: sites behind gateways, a WAN), bed (TestBed), removal (what
 # teardown and sweep remove), sweep (leftovers of crashed runs), fuse_access.
 __all__ = ["TestBed", "Host", "User", "TestBedError", "sweep", "list_beds", "requirements_missing",
-           "BASE_DIR", "CGROUP_CPU", "DIR_PREFIX", "sha256_of", "open_fuse_to_users",
-           "close_fuse_to_users", "fuse_open_to_users", "_remove_dir"]
+           "BASE_DIR", "CGROUP_CPU", "DIR_PREFIX", "sha256_of", "sites_requirements_missing",
+           "open_fuse_to_users", "close_fuse_to_users", "fuse_open_to_users", "_remove_dir"]

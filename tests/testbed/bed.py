@@ -18,6 +18,7 @@ from .bed_users import BedUsers
 from .hosts import Host, User
 from .registry import _LIVE, _LIVE_LOCK, _install_hooks
 from .removal import _delete_net, _remove_cgroups, _remove_dir, _remove_user
+from .sites import SiteNetwork
 from .sshd_hosts import SshdHosts
 from .system import (
     _NAME_RE,
@@ -42,7 +43,7 @@ from .system import (
 )
 
 
-class TestBed(SshdHosts, BedUsers):
+class TestBed(SiteNetwork, SshdHosts, BedUsers):
     """A set of ssh-reachable hosts in namespaces; see the module docstring.
 
     Nothing is created before up() or add_user().  Use as a context
@@ -71,6 +72,11 @@ class TestBed(SshdHosts, BedUsers):
         self._netns_made: list[str] = []
         self._veths_made: list[str] = []
         self._users_made: list[str] = []
+        self._bridges_made: list[str] = []          # a sites bed's bridges
+        self._procs: list[subprocess.Popen] = []    # e.g. the WAN relay
+        self.sites: dict[str, list[str]] = {}       # site -> its hosts
+        self.gateways: dict[str, str] = {}          # site -> its gateway
+        self.wan: dict | None = None                # rate, rtt_ms, subnet
 
     # -- context manager ----------------------------------------------
     def __enter__(self) -> TestBed:
@@ -113,7 +119,8 @@ class TestBed(SshdHosts, BedUsers):
             "cpu_share": self.cpu_share,
             "hide_paths": self.hide_paths,
             "netns": self._netns_made, "veths": self._veths_made,
-            "users": self._users_made,
+            "users": self._users_made, "bridges": self._bridges_made,
+            "sites": self.sites, "gateways": self.gateways, "wan": self.wan,
             "hosts": {n: h._to_state() for n, h in self.hosts.items()},
         }
 
@@ -140,6 +147,9 @@ class TestBed(SshdHosts, BedUsers):
         bed._netns_made = list(st.get("netns", []))
         bed._veths_made = list(st.get("veths", []))
         bed._users_made = list(st.get("users", []))
+        bed._bridges_made = list(st.get("bridges", []))
+        bed.sites, bed.gateways = st.get("sites", {}), st.get("gateways", {})
+        bed.wan = st.get("wan")
         for n, d in st.get("hosts", {}).items():
             bed.hosts[n] = Host._from_state(bed, n, d)
         for u in bed._users_made:
@@ -324,17 +334,19 @@ class TestBed(SshdHosts, BedUsers):
             ids = [h._ids() for h in hosts]
             net_ids = [i[0] for i in ids] + [_netns_id(n) for n in nss]
             mnt_ids = [i[1] for i in ids]
-            mine = [h._proc.pid for h in hosts
-                    if h._proc is not None and h._proc.poll() is None]
+            procs = [h._proc for h in hosts if h._proc is not None] + self._procs
+            mine = [p.pid for p in procs if p.poll() is None]
             left = _kill_all(net_ids, mnt_ids, mine)
             if left:
                 problems.append(f"processes survived SIGKILL: {left}")
+            for p in procs:
+                try:
+                    p.wait(timeout=KILL_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    problems.append(f"process {p.args[:4]} did not exit")
+                if p.stdout is not None:
+                    p.stdout.close()
             for h in hosts:
-                if h._proc is not None:
-                    try:
-                        h._proc.wait(timeout=KILL_TIMEOUT)
-                    except subprocess.TimeoutExpired:
-                        problems.append(f"sshd of {h.name} did not exit")
                 h._release()
             for u in list(dict.fromkeys(self._users_made)):
                 try:
@@ -344,7 +356,7 @@ class TestBed(SshdHosts, BedUsers):
             self.users.clear()
             problems += _remove_cgroups([h.cgroup for h in hosts if h.cgroup])
             problems += _delete_net(nss, self._veths_made,
-                                    [self.bridge] if self.bridge else [])
+                                    ([self.bridge] if self.bridge else []) + self._bridges_made)
             problems += _remove_dir(self.dir)
             self._done = True
             with _LIVE_LOCK:

@@ -72,6 +72,15 @@ class Host:
         self.tmp_dir = os.path.join(self.dir, "tmp")
         self.down = False
         self.no_python = False
+        # its network: eth0 on `bridge` with `lan_ip` (the address others
+        # know it by, `ip`, differs for a site's gateway: sites.py), the
+        # commands that create its other links (run once its netns exists)
+        # and the lines that set its routes and links up inside the netns
+        self.bridge = bed.bridge
+        self.lan_ip = ip
+        self.link_commands: list[list[str]] = []
+        self.net_lines = [f"ip route add default via {bed.gateway_ip}"]
+        self.site: str | None = None
         self.pid: int | None = None
         self.net_id: str | None = None
         self.mnt_id: str | None = None
@@ -92,7 +101,7 @@ class Host:
                 "no_python": self.no_python, "pid": self.pid,
                 "pid_start": _proc_start(self.pid) if self.pid else None,
                 "net_id": self.net_id, "mnt_id": self.mnt_id,
-                "killed": self.killed}
+                "killed": self.killed, "site": self.site, "lan_ip": self.lan_ip}
 
     @classmethod
     def _from_state(cls, bed, name, d) -> Host:
@@ -101,6 +110,7 @@ class Host:
         h.down, h.no_python = d.get("down", False), d.get("no_python", False)
         h.net_id, h.mnt_id = d.get("net_id"), d.get("mnt_id")
         h.killed = d.get("killed", False)
+        h.site, h.lan_ip = d.get("site"), d.get("lan_ip", h.ip)
         pid = d.get("pid")
         if pid and d.get("pid_start") and _proc_start(pid) == d["pid_start"]:
             h.pid = pid

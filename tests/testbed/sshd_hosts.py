@@ -163,14 +163,15 @@ class SshdHosts:
         _run(["ip", "link", "add", h.veth, "type", "veth",
               "peer", "name", "eth0", "netns", h.ns])
         self._sysctl_if(h.veth)
-        _run(["ip", "link", "set", h.veth, "master", self.bridge, "up"])
+        _run(["ip", "link", "set", h.veth, "master", h.bridge, "up"])
+        for argv in h.link_commands:
+            _run(argv)
         inner = [
             "echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6 || true",
             "ip link set lo up",
-            f"ip addr add {h.ip}/24 dev eth0",
+            f"ip addr add {h.lan_ip}/24 dev eth0",
             "ip link set eth0 up",
-            f"ip route add default via {self.gateway_ip}",
-        ]
+        ] + h.net_lines
         if self.bw:
             tbf = f"tbf rate {shlex.quote(self.bw)} burst 256kb latency 50ms"
             inner.append(f"tc qdisc add dev eth0 root {tbf}")

@@ -76,7 +76,7 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 _NS_RE = re.compile(r"^gxptb([0-9a-f]{6})-")
 
 
-_BR_RE = re.compile(r"^gxb([0-9a-f]{6})$")
+_BR_RE = re.compile(r"^gxb([0-9a-f]{6})[0-9]{0,3}$")   # [0-9]: a site's bridge
 
 
 _VETH_RE = re.compile(r"^gxv([0-9a-f]{6})[0-9]+$")

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""A sequential read of another site's file across the WAN: GMount (whose data
+channel goes along the tree where no direct connection exists) against sshfs
+from home over the same WAN, and the bytes that crossed the WAN (issue 28).
+
+Run as root (the test bed needs it), from the checkout, after scripts/install:
+
+    /opt/gxpstyle/venv/bin/python benchmarks/wan.py [--size MiB] [--reps N] [--quick]
+
+The bed (tests/testbed/sites.py): two sites of 8 hosts (sa01..sa08 behind
+gateway ga, sb01..sb08 behind gb) and the head; the WAN joins the head and the
+gateways through a router namespace, 20 Mbit/s each way on each of its links
+(tbf) and 100 ms round trip (the relay's delay, half each way); inside a site
+the links are unshaped. The checkout and the venv are hidden on the hosts; one
+ordinary user runs everything. A session explores the 18 hosts through the
+gateways and mounts an export on every node (head included).
+
+Cases (each reads a file of its own, written straight into sb01's export, so
+no replica of an earlier case serves it; the page cache is dropped before
+each read; `dd bs=1M` reads it sequentially):
+  home <- site b   ours: the head reads it through its GMount (sb01's export,
+                   along the tree: head -> gb -> sb01);
+                   anchor: sshfs from the head to sb01 through gb (ssh -J gb),
+                   its defaults: the path a user would take;
+  site a <- site b ours only: sa01 reads it through its GMount (along the
+                   tree, so through the head: the WAN twice, until site
+                   proxies), for scale against the same WAN.
+WAN bytes: the router's transmitted bytes (every interface, `ip -s link` in its
+namespace) over each read, against the file size: what the WAN carried for it,
+headers, TLS and the protocol included.
+
+Prints per case: seconds (median of --reps), MB/s, the ratio ours/anchor
+(higher is better), the WAN's share of its rate, and WAN bytes / file size.
+Defaults: 64 MiB, --reps 1 (a pass is at least 27 s at 20 Mbit/s); --quick:
+16 MiB. Everything is cleaned up whatever happens (the sshfs mount, the
+session, the bed, /dev/fuse's mode). Standard library only, plus tests/testbed/
+and benchmarks/bench_harness.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+
+from bench_harness import REPO, VENV, Bench, BenchError, log, main_driver, ratio_text, testbed
+
+SITES = {"sa": ["sa%02d" % i for i in range(1, 9)], "sb": ["sb%02d" % i for i in range(1, 9)]}
+GATEWAYS = {"sa": "ga", "sb": "gb"}
+WAN_MBIT, WAN_RTT_MS = 20, 100
+MIB = 1 << 20
+
+
+class WanBench(Bench):
+    name = "wan.py"
+    call_timeout = 1800
+    leftover_fuse_only = True
+
+    def __init__(self, logger, size_mib: int, reps: int) -> None:
+        super().__init__(logger)
+        self.size = size_mib * MIB
+        self.reps = reps
+        tag = uuid.uuid4().hex[:6]
+        self.top = "/var/tmp/gxpwan-%s" % tag
+        self.export, self.mnt = "/tmp/wanexp-%s" % tag, "/tmp/wanmnt-%s" % tag
+        self.sshfs_mnt = os.path.join(self.top, "sshfs")
+        self.mount_tag = tag
+        self.mounted = self.sshfs_mounted = False
+        self.files = 0
+
+    # -- setup -------------------------------------------------------------------
+    def setup(self) -> None:
+        self.check_installed()
+        missing = testbed.sites_requirements_missing()
+        if missing:
+            raise BenchError(missing)
+        for tool in ("sshfs", "dd"):
+            if subprocess.run(["which", tool], capture_output=True).returncode != 0:
+                raise BenchError("%s is not installed (scripts/install)" % tool)
+        self.open_fuse()
+        self.bed = testbed.TestBed()
+        t0 = time.monotonic()
+        self.bed.up_sites(SITES, gateways=GATEWAYS, wan_rate="%dmbit" % WAN_MBIT,
+                          wan_rtt_ms=WAN_RTT_MS, hide_paths=[REPO, VENV])
+        self.user = self.bed.add_user("gxpwan" + uuid.uuid4().hex[:6])
+        self.make_dir(self.top)
+        self.make_dir(self.sshfs_mnt)
+        self.session = os.path.join(self.top, "session")
+        for src, dst in (("head", "ga gb"), ("ga", "sa*"), ("gb", "sb*")):
+            self.gxpc("use", "ssh", src, dst)
+        dt, _ = self.gxpc("explore", "ga", "gb", "sa[[01-08]]", "sb[[01-08]]")
+        self.gxpc("e", "mkdir -p %s %s" % (self.export, self.mnt))
+        self.gxpc("mount", self.export, self.mnt)
+        self.mounted = True
+        log("sites bed up (2 x 8 hosts, WAN %d Mbit/s, %d ms RTT) in %.1fs, explored in %.1fs"
+            % (WAN_MBIT, WAN_RTT_MS, time.monotonic() - t0, dt))
+
+    def release(self) -> None:
+        if self.sshfs_mounted:
+            self.guarded("unmounting sshfs", self.as_user, ["fusermount3", "-u", self.sshfs_mnt])
+        if self.session is None:
+            return
+        if self.mounted:
+            self.guarded("unmounting", self.gxpc, "umount", self.mnt)
+        self.guarded("quitting", self.quit_session)
+        for d in (self.export, self.mnt):
+            self.guarded("removing " + d, subprocess.run, ["rm", "-rf", "--one-file-system", d])
+
+    # -- helpers -------------------------------------------------------------------
+    def as_user(self, argv, host: str | None = None) -> subprocess.CompletedProcess:
+        if host is None:
+            r = self.bed.run_as(self.user.name, argv, capture_output=True, text=True,
+                                timeout=self.call_timeout)
+        else:
+            r = self.bed.host(host).exec(argv, user=self.user.name, capture_output=True,
+                                         text=True, timeout=self.call_timeout)
+        if r.returncode != 0:
+            raise BenchError("%s failed (%d): %s" % (" ".join(argv), r.returncode, r.stderr.strip()))
+        return r
+
+    def new_file(self) -> str:
+        """A random file of --size in sb01's export (only sb01 holds it); its name."""
+        self.files += 1
+        name = "big-%d" % self.files
+        path = os.path.join(self.bed.host("sb01").tmp_dir, os.path.basename(self.export), name)
+        with open(path, "wb") as f:
+            for _ in range(self.size // MIB):
+                f.write(os.urandom(MIB))
+        os.chown(path, self.user.uid, self.user.gid)
+        return name
+
+    def wan_bytes(self) -> int:
+        r = subprocess.run(["ip", "-n", self.bed.router_ns, "-s", "-j", "link"],
+                           capture_output=True, text=True, check=True)
+        return sum(link.get("stats64", {}).get("tx", {}).get("bytes", 0) for link in json.loads(r.stdout))
+
+    def timed_read(self, key: str, path: str, host: str | None = None) -> None:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        before = self.wan_bytes()
+        r = self.as_user(["dd", "if=" + path, "of=/dev/null", "bs=1M"], host)
+        m = re.search(r"copied, ([0-9.]+) s", r.stderr)
+        if not m or "%d bytes" % self.size not in r.stderr:
+            raise BenchError("dd of %s: %s" % (path, r.stderr.strip()))
+        self.add(key + " s", float(m.group(1)))
+        self.add(key + " wan", (self.wan_bytes() - before) / self.size)
+
+    def wait_visible(self, path: str, host: str | None = None) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            argv = ["test", "-s", path]
+            r = (self.bed.run_as(self.user.name, argv) if host is None else
+                 self.bed.host(host).exec(argv, user=self.user.name))
+            if r.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise BenchError("%s did not show on %s within 30 s" % (path, host or "the head"))
+            time.sleep(0.2)
+
+    # -- the cases ---------------------------------------------------------------
+    def run(self) -> None:
+        export_b = self.export
+        self.as_user(["sshfs", "-o", "ssh_command=ssh -J gb", "sb01:" + export_b, self.sshfs_mnt])
+        self.sshfs_mounted = True
+        for rep in range(self.reps):
+            name = self.new_file()
+            self.wait_visible(os.path.join(self.mnt, name))
+            self.timed_read("home ours", os.path.join(self.mnt, name))
+            name = self.new_file()
+            self.timed_read("home sshfs", os.path.join(self.sshfs_mnt, name))
+            name = self.new_file()
+            self.wait_visible(os.path.join(self.mnt, name), "sa01")
+            self.timed_read("site ours", os.path.join(self.mnt, name), "sa01")
+            log("rep %d: home ours %.1fs, sshfs %.1fs; site a ours %.1fs"
+                % (rep + 1, self.samples["home ours s"][-1], self.samples["home sshfs s"][-1],
+                   self.samples["site ours s"][-1]))
+
+    def report(self) -> None:
+        mb = self.size / 1e6
+        wan_mbs = WAN_MBIT / 8.0
+        print("sequential read of a %d MiB file of site b, WAN %d Mbit/s (%.2f MB/s), %d ms RTT;"
+              " medians of %d; load average %s" % (self.size // MIB, WAN_MBIT, wan_mbs, WAN_RTT_MS,
+                                                   self.reps, load_average()))
+        print("%-24s %9s %8s %9s %10s %14s" % ("case", "seconds", "MB/s", "vs sshfs", "of WAN",
+                                              "WAN bytes/size"))
+        anchor = self.med("home sshfs s")
+        for key, label in (("home sshfs", "home <- b, sshfs (anchor)"), ("home ours", "home <- b, GMount"),
+                           ("site ours", "site a <- b, GMount")):
+            s = self.med(key + " s")
+            print("%-24s %9.2f %8.2f %9s %9.0f%% %14.2f" % (
+                label, s, mb / s, ratio_text(mb / anchor, mb / s), 100 * mb / s / wan_mbs,
+                self.med(key + " wan")))
+        for line in self.noticed_lines():
+            print(line)
+
+
+def load_average() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", type=int, default=64, help="MiB per file (default 64)")
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="16 MiB, one rep")
+    a = p.parse_args(argv)
+    size = 16 if a.quick else a.size
+    if not 1 <= size <= 4096 or not 1 <= a.reps <= 20:
+        p.error("--size is 1..4096 MiB and --reps 1..20")
+    return main_driver(WanBench, log, size, 1 if a.quick else a.reps)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
