@@ -255,3 +255,15 @@ def test_a_recipes_inputs_are_pinned_before_it_starts_and_unpinned_when_it_ends(
     assert head.pins[-1] == ("0.3", ("/mnt/x",), False)
     head.held.pop()()
     assert ran == [1]
+
+
+def test_home_options_in_the_users_words(tmp_path):
+    from make_backend.command.make_command import split_own_options
+    assert split_own_options(["--home", "-j4"]).home == ""
+    assert split_own_options(["--home=%s" % tmp_path]).home == str(tmp_path)
+    assert split_own_options(["--", "--home"]).home is None     # make's, after --
+    for arg, words in (("--home=", "--home= needs a directory"),
+                       ("--home=/nonexistent-gxp-home", "--home=/nonexistent-gxp-home: no such directory")):
+        with pytest.raises(MakeUsage) as e:
+            split_own_options([arg])
+        assert str(e.value).startswith(words), str(e.value)
