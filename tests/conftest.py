@@ -205,15 +205,25 @@ def module_bed(hosts, user_prefix: str, fuse: bool = False, **up_options):
     hidden on them (nothing of ours preinstalled), one ordinary user, and with
     `fuse` /dev/fuse open to users as on real systems (0600 on this machine).
     Everything is undone at the end, also when a test failed."""
+    with bed_with(lambda b: b.up(hosts, hide_paths=[REPO, venv_dir()], **up_options),
+                  testbed.requirements_missing, user_prefix, fuse) as b:
+        yield b
+
+
+@contextlib.contextmanager
+def bed_with(start, requirements_missing, user_prefix: str, fuse: bool = False):
+    """A bed that start(bed) brings up (skipped without root or what
+    requirements_missing() names), one ordinary user, /dev/fuse open to
+    users when asked; everything undone at the end, also when a test failed."""
     if os.getuid() != 0:
         pytest.skip("the test bed needs root")
-    missing = testbed.requirements_missing()
+    missing = requirements_missing()
     if missing:
         pytest.skip(missing)
     fuse_token = testbed.open_fuse_to_users() if fuse else None
     b = testbed.TestBed()
     try:
-        b.up(hosts, hide_paths=[REPO, venv_dir()], **up_options)
+        start(b)
         b.add_user(user_prefix + uuid.uuid4().hex[:6])
         yield b
     finally:

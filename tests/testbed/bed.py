@@ -11,7 +11,6 @@ import secrets
 import subprocess
 import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
 from .bed_users import BedUsers
@@ -27,7 +26,6 @@ from .system import (
     CGROUP_CPU,
     DIR_PREFIX,
     KILL_TIMEOUT,
-    MAX_WORKERS,
     NET_PREFIX,
     SSHD,
     TestBedError,
@@ -252,25 +250,7 @@ class TestBed(SiteNetwork, SshdHosts, BedUsers):
                 self.hosts[n] = h
             self._save()
 
-        workers = max(1, min(MAX_WORKERS, len(names)))
-        with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(self._prepare_host, self.hosts.values()))
-            self._write_shared_files()
-            futures = [pool.submit(self._start_host, h)
-                       for h in self.hosts.values()]
-            errors = []
-            for f in futures:
-                try:
-                    f.result()
-                except Exception as e:
-                    errors.append(e)
-        self._save()
-        with self._lock:
-            for u in self.users.values():
-                self._write_user_files(u)
-        if errors:
-            raise errors[0]
-        return list(self.hosts.values())
+        return self._start_all()
 
     def _check_hide(self, paths: Iterable[str]) -> list[str]:
         out = []

@@ -4,11 +4,8 @@ gateways, the checkout and the venv hidden on every host, one ordinary user,
 from __future__ import annotations
 
 import contextlib
-import os
-import uuid
 
-import pytest
-from conftest import REPO, venv_dir
+from conftest import REPO, bed_with, venv_dir
 
 import testbed
 
@@ -20,22 +17,11 @@ ALL = ["ga", "gb"] + SITES["sa"] + SITES["sb"]
 
 @contextlib.contextmanager
 def sites_bed(user_prefix: str, fuse: bool = False, wan_rtt_ms: float = 100, **options):
-    if os.getuid() != 0:
-        pytest.skip("the test bed needs root")
-    missing = testbed.sites_requirements_missing()
-    if missing:
-        pytest.skip(missing)
-    fuse_token = testbed.open_fuse_to_users() if fuse else None
-    b = testbed.TestBed()
-    try:
+    def start(b):
         b.up_sites(SITES, gateways=GATEWAYS, wan_rate="20mbit", wan_rtt_ms=wan_rtt_ms,
                    hide_paths=[REPO, venv_dir()], **options)
-        b.add_user(user_prefix + uuid.uuid4().hex[:6])
+    with bed_with(start, testbed.sites_requirements_missing, user_prefix, fuse) as b:
         yield b
-    finally:
-        b.teardown()
-        if fuse_token is not None:
-            testbed.close_fuse_to_users(fuse_token)
 
 
 def explore_sites(g) -> None:
