@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import secrets
 import subprocess
 import threading
@@ -37,6 +36,7 @@ from .system import (
     _proc_start,
     _run,
     _write,
+    free_subnets,
     requirements_missing,
 )
 
@@ -268,13 +268,7 @@ class TestBed(SiteNetwork, SshdHosts, BedUsers):
         br = f"{BRIDGE_PREFIX}{self.tag}"
         fd = _global_lock()
         try:
-            used = set()
-            for line in (_run(["ip", "-o", "-4", "addr", "show"]).stdout +
-                         _run(["ip", "-4", "route", "show", "table", "all"],
-                              check=False).stdout).splitlines():
-                for m in re.finditer(r"\b10\.200\.(\d+)\.", line):
-                    used.add(int(m.group(1)))
-            free = [x for x in range(1, 255) if x not in used]
+            free = free_subnets()
             if not free:
                 raise TestBedError("no free 10.200.X.0/24 subnet")
             x = random.choice(free)

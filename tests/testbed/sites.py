@@ -63,6 +63,7 @@ from .system import (
     _global_lock,
     _global_unlock,
     _run,
+    free_subnets,
     requirements_missing,
 )
 
@@ -145,13 +146,7 @@ class SiteNetwork:
         namespace before the global lock is let go (other beds look there)."""
         fd = _global_lock()
         try:
-            used = set()
-            for line in (_run(["ip", "-o", "-4", "addr", "show"]).stdout +
-                         _run(["ip", "-4", "route", "show", "table", "all"],
-                              check=False).stdout).splitlines():
-                for m in re.finditer(r"\b10\.200\.(\d+)\.", line):
-                    used.add(int(m.group(1)))
-            free = [x for x in range(1, 255) if x not in used]
+            free = free_subnets()
             if len(free) < count:
                 raise TestBedError(f"no {count} free 10.200.X.0/24 subnets")
             subnets = [f"{NET_PREFIX}.{x}" for x in free[:count]]

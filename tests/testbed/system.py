@@ -217,6 +217,17 @@ def _argv(argv) -> list[str]:
     return [os.fspath(a) for a in argv]
 
 
+def free_subnets() -> list[int]:
+    """The X of every 10.200.X.0/24 no address or route of this machine uses
+    (other beds' included: hold the global lock while choosing)."""
+    used = set()
+    for line in (_run(["ip", "-o", "-4", "addr", "show"]).stdout +
+                 _run(["ip", "-4", "route", "show", "table", "all"], check=False).stdout).splitlines():
+        for m in re.finditer(r"\b10\.200\.(\d+)\.", line):
+            used.add(int(m.group(1)))
+    return [x for x in range(1, 255) if x not in used]
+
+
 def _global_lock():
     fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX)
