@@ -164,13 +164,20 @@ class ReplicaService(Service, ReplicaAPI):
     def settle(self, node: str, done: Callable[[], None], cwd: Optional[str] = None) -> None:
         """Every keeper that can (ReplicaKeeper.settle) settles `node` for a
         job in `cwd`; done() then."""
-        settling = [k for k in self.keepers if callable(getattr(k, "settle", None))]
-        one = after(len(settling), done)
-        for k in settling:
+        self._each_keeper("settle", done, lambda k, one: k.settle(node, one, cwd))
+
+    def _each_keeper(self, method: str, done: Callable[[], None],
+                     call: Callable[[Any, Callable[[], None]], None]) -> None:
+        """call(keeper, one) for every keeper that has the optional `method`,
+        one being its share of done(): done() once all have called theirs (a
+        keeper that raises counts as done)."""
+        keepers = [k for k in self.keepers if callable(getattr(k, method, None))]
+        one = after(len(keepers), done)
+        for k in keepers:
             try:
-                k.settle(node, one, cwd)     # type: ignore[attr-defined]
+                call(k, one)
             except Exception:
-                log_exception(self.head.log, "settle")
+                log_exception(self.head.log, method)
                 one()
 
     def home_path(self, path: str) -> Optional[Tuple[str, str, str]]:
@@ -184,14 +191,7 @@ class ReplicaService(Service, ReplicaAPI):
 
     def sync(self, done: Callable[[], None]) -> None:
         """Every keeper that can (ReplicaKeeper.sync) syncs; done() then."""
-        syncing = [k for k in self.keepers if callable(getattr(k, "sync", None))]
-        one = after(len(syncing), done)
-        for k in syncing:
-            try:
-                k.sync(one)     # type: ignore[attr-defined]
-            except Exception:
-                log_exception(self.head.log, "sync")
-                one()
+        self._each_keeper("sync", done, lambda k, one: k.sync(one))
 
     def pin(self, node: str, paths: List[str], pin: bool, done: Callable[[], None]) -> None:
         """Every keeper pins (unpins) `paths` on `node`'s host; done() once all did."""
