@@ -90,10 +90,9 @@ class NamespaceFeed:
         # each mount service's `ns` calls are numbered: a node that sees a
         # number skipped knows its copy missed changes (namespace_copy: gap)
         self.sent: Dict[str, int] = {}
-        # the highest number up to which each has answered every call, and
-        # the numbers answered above it (answers may come out of order)
+        # the number of each one's last answered call: a node has one call at
+        # a time (_may_call), so it has answered every call up to it
         self.acked: Dict[str, int] = {}
-        self.acked_above: Dict[str, Set[int]] = {}
         # names changed for a service while its last call is unanswered: they
         # go together in its next call, when that answer comes (a slow node
         # gets fewer, bigger calls instead of a queue of small ones)
@@ -124,7 +123,6 @@ class NamespaceFeed:
         self.last_call.pop(sid, None)
         self.head.cancel(self.timers.pop(sid, None))
         self.acked.pop(sid, None)
-        self.acked_above.pop(sid, None)
         self._release_node(sid, None)       # nobody waits for a node that is gone
 
     # -- listings ------------------------------------------------------------------
@@ -252,18 +250,12 @@ class NamespaceFeed:
         self.node_waiters.extend((sid, n, one) for sid, n in waits)
 
     def _acked(self, sid: str, seq: int) -> None:
-        above = self.acked_above.setdefault(sid, set())
-        above.add(seq)
-        upto = self.acked.get(sid, 0)
-        while upto + 1 in above:
-            upto += 1
-            above.discard(upto)
-        self.acked[sid] = upto
+        self.acked[sid] = seq
         if any(w[0] == sid for w in self.node_waiters):
             self._flush(sid)
         else:
             self._soon(sid)
-        self._release_node(sid, upto)
+        self._release_node(sid, seq)
 
     def _release_node(self, sid: str, upto: Optional[int]) -> None:
         """done() of every node barrier waiting for sid's answers up to `upto`
