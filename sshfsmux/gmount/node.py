@@ -37,15 +37,6 @@ if TYPE_CHECKING:
     Reply = Callable[..., None]
 
 MOUNT_WAIT = 20.0
-# Whether the kernel keeps missing names (negative entries for the attribute
-# timeout, each dropped through fuse_lowlevel_notify_inval_entry when the head
-# announces the name: kernel_cache.py). The drop waits in the kernel for the
-# directory's lock, which a lookup in it holds until the mount answers: no
-# FUSE call may wait for the kernel cache thread (none does), and none waits
-# long (a look into a directory the copy lacks waits for one listing from the
-# head, no longer for every peer: at 64 hosts that fan-out kept lookups, and
-# with them the drop, waiting for minutes).
-KEEP_MISSES = True
 # seconds of changes made through the mount sent as one answer: the first
 # change after a quiet spell goes at once, a burst (tar, configure) then
 # goes to the head and back to the other nodes in a few rounds instead of a
@@ -283,11 +274,24 @@ class GMountNode(NodeSide):
         reply(True, "", {})
         self._arm()         # changes that waited for these listings
 
-    def _drop_kernel_entries(self, paths: List[str]) -> None:
+    def _drop_kernel_entries(self, paths: List[str],
+                             then: Optional[Callable[[], None]] = None) -> None:
+        """Drop the kernel's caches of `paths` on the kernel cache thread (never
+        in a FUSE call), then then() (also when that fails: logged)."""
         kc = self.kcache
-        if kc is not None and paths:
-            self.kernel_work.put(lambda: kc.invalidate_paths(paths, exists=self.in_export,
-                                                             gone=self._gone))
+        if kc is None or not paths:
+            if then is not None:
+                then()
+            return
+
+        def work() -> None:
+            try:
+                kc.invalidate_paths(paths, exists=self.in_export, gone=self._gone)
+            except Exception as e:
+                self.log("cannot drop kernel caches: %s" % e)
+            if then is not None:
+                then()
+        self.kernel_work.put(work)
 
     def namespace_changed(self, args: Dict[str, Any], reply: Reply) -> None:
         """Changes the head saw under directories this mount holds: into the
@@ -299,18 +303,10 @@ class GMountNode(NodeSide):
             return
         paths = self._gap(args.get("seq")) + fs.namespace.update(args.get("dirs") or {})
         fs.forget_access(paths)
-        kc = self.kcache
-        if kc is None or not paths:
+        if self.kcache is None or not paths:
             reply(True, "", {})
             return
-
-        def work() -> None:
-            try:
-                kc.invalidate_paths(paths, exists=self.in_export, gone=self._gone)
-            except Exception as e:
-                self.log("cannot drop kernel caches: %s" % e)
-            self.in_loop(reply, True, "", {})
-        self.kernel_work.put(work)
+        self._drop_kernel_entries(paths, lambda: self.in_loop(reply, True, "", {}))
 
     def _gap(self, seq: Any) -> List[str]:
         """The head numbers its `ns` calls: one skipped (a change this copy
@@ -339,7 +335,7 @@ class GMountNode(NodeSide):
         from sshfsmux.fs.kernel_cache import KernelCache
         # FUSE's init callback: the one place the mount's `struct fuse *` is
         # visible, kept for the "changed" call (kernel_cache.py)
-        self.kcache = KernelCache.capture(self.cfg.mountpoint if KEEP_MISSES else "", self._dir_held)
+        self.kcache = KernelCache.capture(self.cfg.mountpoint, self._dir_held)
         self.up = True
         self.settled.set()
 
@@ -581,7 +577,12 @@ class GMountNode(NodeSide):
         try:
             extra: Dict[str, Any] = dict(allow_other=True, default_permissions=True) \
                 if self.cfg.allow_other else {}
-            if self.fs.namespace is not None and KEEP_MISSES:
+            if self.fs.namespace is not None:
+                # the kernel keeps misses: each name the head announces loses
+                # its negative entry (kernel_cache.py), a drop that waits for
+                # the directory's lock a lookup holds until answered: no FUSE
+                # call waits on the kernel cache thread, nor for every peer
+                # (at 64 hosts that fan-out held lookups, and drops, minutes)
                 extra["negative_seconds"] = merged_fs.ATTR_SECONDS
             merged_fs.run_fuse(self.fs, self.cfg.mountpoint, foreground=True, **extra)
         except Exception as e:
