@@ -232,6 +232,19 @@ def bed_with(start, requirements_missing, user_prefix: str, fuse: bool = False):
             testbed.close_fuse_to_users(fuse_token)
 
 
+def explore_and_mount(g, hosts, pattern: str, env=None) -> str:
+    """The session of `g` explores `hosts` (`use ssh head PATTERN`, the daemon
+    started with `env`) and GMounts a fresh /tmp/gxpexp-TAG at /tmp/gxpmnt-TAG
+    on every one; returns the mountpoint (the test unmounts it)."""
+    g.ok("use", "ssh", "head", pattern, env=env)
+    g.ok("explore", *hosts)
+    tag = g.new_tag()
+    export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
+    g.ok("e", "mkdir -p %s %s" % (export, mnt))
+    g.ok("mount", export, mnt)
+    return mnt
+
+
 @contextlib.contextmanager
 def gmount_session(bed, hosts, pattern: str, tag: str):
     """(session, mountpoint): the bed's user explores `hosts` over ssh (`use ssh

@@ -14,7 +14,7 @@ afterwards on any node sees (the head's namespace copies are current first).
 import time
 
 import pytest
-from conftest import module_bed
+from conftest import explore_and_mount, module_bed
 
 pytestmark = pytest.mark.testbed
 
@@ -69,13 +69,7 @@ def on(g, host, cmd):
 
 
 def mounted(g):
-    g.ok("use", "ssh", "head", "tn*")
-    g.ok("explore", *HOSTS)
-    tag = g.new_tag()
-    export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
-    g.ok("e", "mkdir -p %s %s" % (export, mnt))
-    g.ok("mount", export, mnt)
-    return mnt
+    return explore_and_mount(g, HOSTS, "tn*")
 
 
 def missing_lookups(g, mnt):

@@ -16,7 +16,7 @@ import tempfile
 import time
 
 import pytest
-from conftest import module_bed
+from conftest import explore_and_mount, module_bed
 
 pytestmark = pytest.mark.testbed
 
@@ -39,13 +39,7 @@ def g(bed, make_gxp):
 
 def mounted(g, env=None):
     """Every host explored (the daemon started with `env`) and a GMount of theirs."""
-    g.ok("use", "ssh", "head", "tv*", env=env)
-    g.ok("explore", *HOSTS)
-    tag = g.new_tag()
-    export, mnt = "/tmp/gxpexp-" + tag, "/tmp/gxpmnt-" + tag
-    g.ok("e", "mkdir -p %s %s" % (export, mnt))
-    g.ok("mount", export, mnt)
-    return mnt
+    return explore_and_mount(g, HOSTS, "tv*", env)
 
 
 @pytest.fixture
