@@ -22,7 +22,6 @@ Head side.
 from __future__ import annotations
 
 import os
-import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 from gxpstyle.api.interfaces import ReplicaAPI
@@ -32,10 +31,6 @@ if TYPE_CHECKING:
     from gxpstyle.api.head_api import HeadAPI
 
 Entries = Dict[str, List[List[Any]]]     # name -> [[node name, size, mtime, mode], ...]
-# a node nobody waits for gets at most one `ns` call in this many seconds
-# (the first after a quiet spell at once): at hundreds of recipes a second,
-# one call carries many names, and every node pays per call, not per name
-COALESCE = 0.02
 DROP_ENV = "GXP_TEST_NS_DROP"
 
 
@@ -97,8 +92,6 @@ class NamespaceFeed:
         # go together in its next call, when that answer comes (a slow node
         # gets fewer, bigger calls instead of a queue of small ones)
         self.held: Dict[str, Dict[str, Dict[str, Set[str]]]] = {}   # sid -> mount -> key -> names
-        self.last_call: Dict[str, float] = {}       # sid -> when its last call went
-        self.timers: Dict[str, int] = {}            # sid -> its armed call_later
         # (sid, number, done): done() once sid answered every call up to number
         self.node_waiters: List[Tuple[str, int, Callable[[], None]]] = []
         # until _send (None: every mount service)
@@ -120,8 +113,6 @@ class NamespaceFeed:
         self.sent.pop(sid, None)
         self.held.pop(sid, None)
         self.listing_out.pop(sid, None)
-        self.last_call.pop(sid, None)
-        self.head.cancel(self.timers.pop(sid, None))
         self.acked.pop(sid, None)
         self._release_node(sid, None)       # nobody waits for a node that is gone
 
@@ -239,7 +230,7 @@ class NamespaceFeed:
             return
         waits = []
         for sid in sids:
-            self._flush(sid)            # somebody waits: no coalescing
+            self._flush(sid)
             due = self.sent.get(sid, 0) + (1 if self.held.get(sid) else 0)
             if self.acked.get(sid, 0) < due:
                 waits.append((sid, due))
@@ -251,10 +242,7 @@ class NamespaceFeed:
 
     def _acked(self, sid: str, seq: int) -> None:
         self.acked[sid] = seq
-        if any(w[0] == sid for w in self.node_waiters):
-            self._flush(sid)
-        else:
-            self._soon(sid)
+        self._flush(sid)
         self._release_node(sid, seq)
 
     def _release_node(self, sid: str, upto: Optional[int]) -> None:
@@ -279,25 +267,10 @@ class NamespaceFeed:
                     held = self.held.setdefault(sid, {}).setdefault(mp, {})
                     held.setdefault(key, set()).update(names)
         for sid in list(self.held):
-            self._soon(sid)
+            self._flush(sid)
         waiting, self.node_waiting = self.node_waiting, []
         for sids, done in waiting:
             self.node_barrier(list(self.sent) if sids is None else sids, done)
-
-    def _soon(self, sid: str) -> None:
-        """sid's held changes go now if no call went within COALESCE, else
-        once it has passed (and its last call is answered)."""
-        if sid in self.timers or not self._may_call(sid):
-            return
-        wait = COALESCE - (time.monotonic() - self.last_call.get(sid, 0.0))
-        if wait <= 0:
-            self._flush(sid)
-            return
-
-        def due() -> None:
-            self.timers.pop(sid, None)
-            self._flush(sid)
-        self.timers[sid] = self.head.call_later(wait, due)
 
     def _may_call(self, sid: str) -> bool:
         return bool(self.held.get(sid)) and self.acked.get(sid, 0) >= self.sent.get(sid, 0)
@@ -305,8 +278,6 @@ class NamespaceFeed:
     def _flush(self, sid: str) -> None:
         """sid's held changes in one call now, unless its last is unanswered."""
         if self._may_call(sid):
-            self.head.cancel(self.timers.pop(sid, None))
-            self.last_call[sid] = time.monotonic()
             self._call(sid, self.held.pop(sid))
 
     def _call(self, sid: str, changed: Dict[str, Dict[str, Set[str]]]) -> None:

@@ -20,21 +20,12 @@ class FakeHead:
     def __init__(self):
         self.calls = []         # (sid, call, args, done)
         self.ends = []
-        self.later = []         # call_later's functions (None: cancelled)
 
     def call_role(self, sid, call, args, done):
         self.calls.append((sid, call, args, done))
 
     def at_end(self, fn):
         self.ends.append(fn)
-
-    def call_later(self, delay, fn):
-        self.later.append(fn)
-        return len(self.later)
-
-    def cancel(self, handle):
-        if handle:
-            self.later[handle - 1] = None
 
     def end_round(self):
         ends, self.ends = self.ends, []
@@ -103,12 +94,10 @@ def test_changes_go_to_the_holders_of_the_directory_and_done_waits_for_every_ear
     assert taken == [1] and started == [1]
     feed.node_barrier(["s1"], lambda: started.append(2))
     assert started == [1, 2]           # nothing on its way: at once
-    # nobody waits: a change right after a call waits out COALESCE, then goes
+    # nothing on its way: the next change goes at the end of its round
     catalog.add(MP + "/src/d.c", "0.2", 1, 6.0, None, REG)
     feed.touched(MP, ["src/d.c"])
     head.end_round()
-    assert head.calls[-1][2]["seq"] == 2 and len(head.later) == 1
-    head.later[0]()
     assert head.calls[-1][2] == {"dirs": {"src": {"d.c": [["n2", 1, 6.0, REG]]}}, "seq": 3}
 
 
