@@ -11,10 +11,34 @@ Head-only (never shipped to agents).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Collection, Dict, List, Optional, Protocol, Sequence, Tuple, Type, TypeVar
 
 T = TypeVar("T")
 Env = Dict[str, Optional[str]]
+
+
+@dataclass
+class NodeCall:
+    """A call a job's node makes itself to a role node below it (one of its
+    own children: a service such as a mount on the job's host), instead of
+    the head making it: no round trip of the head's on the job's way."""
+    node: str                  # the role node's id
+    call: str
+    args: Dict[str, Any]
+    wait: float                # seconds the job's node waits for the answer at most
+
+
+@dataclass
+class JobCalls:
+    """start_job's calls on one node: `before` is made and answered before
+    the job starts there; `after` as it ends, its answer going to the head
+    with the end, to after_answered(status, ok, error, result) before
+    job_done (status: the share's exit status; a node that could not make
+    the call, or not in time, answers ok=False)."""
+    before: Optional[NodeCall] = None
+    after: Optional[NodeCall] = None
+    after_answered: Optional[Callable[[int, bool, str, Dict[str, Any]], None]] = None
 
 
 class NodeView(Protocol):
@@ -80,9 +104,11 @@ class HeadAPI(Protocol):
     def start_job(self, client: str, job: int, nodes: List[str], cmd: str,
                   env_for: Callable[[str, int], Env], cwd_for: Callable[[str], Optional[str]],
                   stdin: bool = False,
-                  base_for: Optional[Callable[[str], Tuple[Any, Env]]] = None) -> None:
+                  base_for: Optional[Callable[[str], Tuple[Any, Env]]] = None,
+                  calls_for: Optional[Callable[[str], Optional[JobCalls]]] = None) -> None:
         """Run `cmd` on `nodes`; output goes to `client` ("0": the head, and the
-        exit to this service's job_done)."""
+        exit to this service's job_done). calls_for(node): the calls that node
+        makes to a role node of its own before and after its share (JobCalls)."""
     def start_tree_job(self, client: str, job: int, nodes: List[str], cmd: str, env: Env,
                        env_of: Callable[[str, int], Env], cwd: Optional[str],
                        head_cwd: Optional[str], stdin: bool = False, fold: bool = False) -> None:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Set, Tuple
 
+from gxpstyle.api.head_api import JobCalls
+
 Env = Dict[str, Optional[str]]
 Replica = Tuple[int, float, Optional[str]]   # size, mtime, hash
 
@@ -85,10 +87,11 @@ class ReplicaKeeper(Protocol):
     def watched_paths(self) -> List[str]:
         """Absolute paths under which it caches what files look like."""
     def files_changed(self, node: str, paths: List[str], done: Callable[[], None],
-                      complete: bool = True) -> None:
+                      complete: bool = True, calls: Optional[JobCalls] = None) -> None:
         """Node `node` wrote (or removed) `paths` (not `complete`: a failed
         recipe there, whose files are not to be described as complete):
-        act, then done() exactly once."""
+        act, then done() exactly once. `calls`: those its job_calls gave
+        the job, made by its node (their answers are in)."""
     def replica_dir(self, node: str, path: str) -> Optional[str]:
         """Where on `node`'s host a copy of `path` may be written for adopt, or None."""
     def adopt_replica(self, node: str, path: str, file: str, source: str,
@@ -102,9 +105,13 @@ class ReplicaKeeper(Protocol):
         eviction; done() exactly once."""
     # optional: home_path(path) -> (path, where the head keeps it, path below
     # the keeper's root) when only other hosts hold `path`, else None
-    # optional: settle(node, done, cwd): done() once what it keeps on `node`'s
-    # host shows every change it has heard of and is ready for a job in `cwd`
-    # (a recipe starts then); exactly once
+    # optional: settle(node, done, cwd, calls): done() once what it keeps on
+    # `node`'s host shows every change it has heard of and is ready for a job
+    # in `cwd` (a recipe starts then), or will be once the job's node made
+    # the `before` of `calls` (the keeper's own job_calls); exactly once
+    # optional: job_calls(node, paths, cwd) -> JobCalls or None: calls a job
+    # on `node` in `cwd` naming `paths` makes to the keeper's service on its
+    # host itself (HeadAPI.start_job), before it starts and as it ends
 
 
 class ReplicaAPI:
@@ -160,9 +167,10 @@ class ReplicaAPI:
         raise NotImplementedError
 
     def files_changed(self, node: str, paths: List[str], done: Callable[[], None],
-                      complete: bool = True) -> None:
+                      complete: bool = True, calls: Optional[JobCalls] = None) -> None:
         """Every keeper acts on `paths` written by `node` (not `complete`: by a
-        recipe that failed there); done() once all have (or after a bound)."""
+        recipe that failed there); done() once all have (or after a bound).
+        `calls`: what job_calls gave the recipe's job (made, answered)."""
         raise NotImplementedError
 
     def replica_dir(self, node: str, path: str) -> Optional[str]:
@@ -175,10 +183,23 @@ class ReplicaAPI:
     def pin(self, node: str, paths: List[str], pin: bool, done: Callable[[], None]) -> None:
         raise NotImplementedError
 
-    def settle(self, node: str, done: Callable[[], None], cwd: Optional[str] = None) -> None:
+    def settle(self, node: str, done: Callable[[], None], cwd: Optional[str] = None,
+               calls: Optional[JobCalls] = None) -> None:
         """done() once every keeper's copies on `node`'s host show every change
         the keepers have heard of and are ready for a job in `cwd` (before a
-        recipe starts there)."""
+        recipe starts there), or will be once the job's node has made the
+        `before` call of `calls` (job_calls: the job starts with them)."""
+        raise NotImplementedError
+
+    def job_calls(self, node: str, paths: List[str], cwd: Optional[str]) -> Optional[JobCalls]:
+        """The calls a recipe's job on `node` (in `cwd`, naming `paths`) makes
+        itself to a keeper's service on its host (HeadAPI.start_job's
+        calls_for), saving the head's round trips to it; None: none. Give
+        them to settle and files_changed too."""
+        raise NotImplementedError
+
+    def forget_calls(self, calls: JobCalls) -> None:
+        """A job given `calls` will never reach files_changed."""
         raise NotImplementedError
 
     def home_path(self, path: str) -> Optional[Tuple[str, str, str]]:

@@ -363,7 +363,8 @@ class Head(Node):
             self.send(nid, {"op": "quit"})
 
     def op_done(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
-        self.job_table.done(src, msg["client"], msg["job"], msg["status"], msg["error"])
+        self.job_table.done(src, msg["client"], msg["job"], msg["status"], msg["error"],
+                            msg.get("answer"))
 
     def op_exec_report(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         if src in self.children:       # a child speaks for its own subtree only
@@ -407,6 +408,8 @@ class Head(Node):
         if entry is not None and entry[0] == src:
             del self.svc_hooks[msg["req"]]
             entry[1](msg["ok"], msg["error"], msg["result"])
+        else:       # a call one of the head's own jobs made (node_calls.py)
+            super().op_svc_reply(src, msg, link)
 
     def _push_side(self, svc: Service, node: str) -> None:
         """A node side's modules, to the node about to host it: only those (a

@@ -9,6 +9,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
+from gxpstyle.api.head_api import JobCalls
 from gxpstyle.api.services import Service
 from gxpstyle.protocol import wire
 
@@ -23,6 +24,8 @@ class JobRecord:
     nodes: Dict[str, Optional[int]]      # node id -> exit status, None while running
     output: bytearray = field(default_factory=bytearray)   # the head's own jobs only
     left: int = 0                        # nodes still running
+    # node id -> who hears the answer of the call it makes as its share ends
+    answers: Dict[str, Callable[[int, bool, str, Dict[str, Any]], None]] = field(default_factory=dict)
 
 
 MAX_INTERNAL_OUTPUT = 64 << 10
@@ -51,6 +54,9 @@ class JobTable:
         # (stdin, kill, output credit), in order, go out after the exec. Held
         # stdin is bounded by the client's window (it waits for stdin_ack).
         self.announced: Dict[Tuple[str, int], List[Tuple[str, bytes]]] = {}
+        # (client, job, node) -> who hears the `after` answer of a job whose
+        # client went away (killed, it still ends, and its node still asks)
+        self.orphans: Dict[Tuple[str, int, str], Callable[[int, bool, str, Dict[str, Any]], None]] = {}
 
     def new_id(self) -> int:
         """A job id, taken before start() so the client can hear it first."""
@@ -81,19 +87,31 @@ class JobTable:
     def start(self, owner: Service, client: str, job: int, nodes: List[str], cmd: str,
               env_for: Callable[[str, int], Dict[str, Optional[str]]],
               cwd_for: Callable[[str], Optional[str]], stdin: bool = False,
-              base_for: Optional[Callable[[str], Tuple[Any, Dict[str, Optional[str]]]]] = None) -> None:
+              base_for: Optional[Callable[[str], Tuple[Any, Dict[str, Optional[str]]]]] = None,
+              calls_for: Optional[Callable[[str], Optional[JobCalls]]] = None) -> None:
         """Start job `job` on `nodes`; its output and exit go to `client`.
         With base_for(node) -> (key, environment), env_for gives only what
         differs from that environment, which goes to each node once per key
-        (a make's recipes share one: it is not sent with every recipe)."""
+        (a make's recipes share one: it is not sent with every recipe).
+        calls_for(node): the calls the node makes to a role node of its own
+        before and after its share (head_api.JobCalls)."""
         if not nodes:
             return
-        self.jobs[(client, job)] = JobRecord(owner, client, {n: None for n in nodes}, left=len(nodes))
+        rec = self.jobs[(client, job)] = JobRecord(owner, client, {n: None for n in nodes},
+                                                   left=len(nodes))
         for idx, nid in enumerate(nodes):
             msg = {"op": "exec", "job": job, "cmd": cmd, "cwd": cwd_for(nid),
                    "env": env_for(nid, idx), "stdin": stdin, "notify": True}
             if base_for is not None:
                 self._with_base(msg, nid, *base_for(nid))
+            calls = calls_for(nid) if calls_for is not None else None
+            if calls is not None:
+                for when in ("before", "after"):
+                    c = getattr(calls, when)
+                    if c is not None:
+                        msg[when] = {"node": c.node, "call": c.call, "args": c.args, "wait": c.wait}
+                if calls.after is not None and calls.after_answered is not None:
+                    rec.answers[nid] = calls.after_answered
             self.head.route_frame(nid, wire.encode_frame(nid, client, msg), None)
         self._release_held(client, job)
 
@@ -171,10 +189,20 @@ class JobTable:
             msg["base_env"] = env
         msg["base"] = base
 
-    def done(self, node: str, client: str, job: int, status: int, error: str) -> None:
+    def done(self, node: str, client: str, job: int, status: int, error: str,
+             answer: Optional[Dict[str, Any]] = None) -> None:
+        """Node `node`'s share ended (`answer`: that of its JobCalls.after call)."""
         rec = self.jobs.get((client, job))
         if rec is None or rec.nodes.get(node, 0) is not None:
+            late = self.orphans.pop((client, job, node), None)
+            if late is not None and answer is not None:
+                late(status, answer["ok"], answer["error"], answer["result"])
             return
+        answered = rec.answers.pop(node, None)
+        if answered is not None:
+            if answer is None:
+                answer = {"ok": False, "error": error or "the node sent no answer", "result": {}}
+            answered(status, answer["ok"], answer["error"], answer["result"])
         rec.nodes[node] = status
         rec.left -= 1
         if rec.left == 0:
@@ -207,6 +235,8 @@ class JobTable:
         """Jobs on the lost subtree will never report: answer for them."""
         for nid in [n for n in self.bases if wire.is_descendant(n, lost)]:
             del self.bases[nid]
+        for key in [k for k in self.orphans if wire.is_descendant(k[2], lost)]:
+            del self.orphans[key]
         for (client, job), rec in list(self.jobs.items()):
             for nid, status in list(rec.nodes.items()):
                 if status is None and wire.is_descendant(nid, lost):
@@ -222,6 +252,8 @@ class JobTable:
             if c != client:
                 continue
             del self.jobs[(c, job)]
+            for node, answered in rec.answers.items():
+                self.orphans[(c, job, node)] = answered
             for node, status in rec.nodes.items():
                 if status is None:
                     self.head.route_frame(node, wire.encode_frame(

@@ -23,7 +23,7 @@ from typing import (
     TypeVar,
 )
 
-from gxpstyle.api.head_api import Env, NodeView
+from gxpstyle.api.head_api import Env, JobCalls, NodeView
 from gxpstyle.api.interfaces import Shell
 from gxpstyle.api.services import Service
 
@@ -111,9 +111,10 @@ class ServiceHost:
     def start_job(self, client: str, job: int, nodes: List[str], cmd: str,
                   env_for: Callable[[str, int], Env], cwd_for: Callable[[str], Optional[str]],
                   stdin: bool = False,
-                  base_for: Optional[Callable[[str], Tuple[Any, Env]]] = None) -> None:
+                  base_for: Optional[Callable[[str], Tuple[Any, Env]]] = None,
+                  calls_for: Optional[Callable[[str], Optional[JobCalls]]] = None) -> None:
         self._head.job_table.start(self.owner, client, job, nodes, cmd, env_for, cwd_for,
-                                   stdin=stdin, base_for=base_for)
+                                   stdin=stdin, base_for=base_for, calls_for=calls_for)
 
     def start_tree_job(self, client: str, job: int, nodes: List[str], cmd: str, env: Env,
                        env_of: Callable[[str, int], Env], cwd: Optional[str],

@@ -33,7 +33,8 @@ AGENT_MODULES: List[str] = [
     "gxpstyle.protocol.serializer", "gxpstyle.protocol.schema", "gxpstyle.protocol.wire",
     "gxpstyle.transport.event_loop", "gxpstyle.transport.links",
     "gxpstyle.node.job_spawn", "gxpstyle.node.job_runner", "gxpstyle.node.node_dirs",
-    "gxpstyle.node.tree_exec", "gxpstyle.node.local_fork", "gxpstyle.launch.channels",
+    "gxpstyle.node.tree_exec", "gxpstyle.node.role_calls", "gxpstyle.node.local_fork",
+    "gxpstyle.launch.channels",
     "gxpstyle.transport.link_auth",
     "gxpstyle.launch.bootstrap", "gxpstyle.launch.child_bootstrap", "gxpstyle.launch.batch_start",
     "gxpstyle.api.node_side",
@@ -42,10 +43,11 @@ AGENT_MODULES: List[str] = [
 # The module whose main(fds) a shipped agent runs.
 AGENT_ENTRY = "gxpstyle.node.agent"
 # Core modules an agent gets only when the head pushes them: the node side of
-# a core service (bcast's), which most agents never host, and the byte streams
-# along the tree, pushed by the services whose nodes use them (GMount's).
+# a core service (bcast's), which most agents never host, the byte streams
+# along the tree and a job's calls to a role node below its node, pushed by
+# the services whose nodes use them (GMount's).
 SIDE_MODULES: List[str] = ["gxpstyle.bcast.direct_links", "gxpstyle.bcast.node",
-                           "gxpstyle.node.tree_streams"]
+                           "gxpstyle.node.tree_streams", "gxpstyle.node.node_calls"]
 
 # The one receiver of the agent program, shared by every first stage (a
 # channel's `python3 -c`, a batch job's connect-back script): read exactly a

@@ -32,6 +32,7 @@ from gxpstyle.api.node_side import describe_error
 from gxpstyle.launch.batch_start import BatchStarts
 from gxpstyle.node.job_runner import JobRunner
 from gxpstyle.node.node_dirs import node_dir_prefix, remove_node_dirs
+from gxpstyle.node.role_calls import RoleCalls, role_module
 from gxpstyle.node.tree_exec import TreeJobs
 from gxpstyle.transport.event_loop import EventLoop
 from gxpstyle.transport.links import Link, frame_with_prefix
@@ -39,7 +40,7 @@ from gxpstyle.transport.links import Link, frame_with_prefix
 QUIT_GRACE = 3.0
 
 
-class Node:
+class Node(RoleCalls):
     def __init__(self, node_id: str, name: str, session: str, secret: bytes,
                  opts: Dict[str, Any], payloads: bootstrap.PayloadCache,
                  loop: Optional[EventLoop] = None, environ: Optional[Dict[str, str]] = None) -> None:
@@ -67,6 +68,7 @@ class Node:
         self.sides: Dict[str, Any] = {}
         self.role = str(opts.get("role") or "")
         self._streams: Any = None       # tree_streams.py
+        self._calls: Any = None         # node_calls.py
 
     # -- sending and routing ---------------------------------------------
     def backlog(self) -> int:
@@ -81,8 +83,20 @@ class Node:
         # `done` first: both go up the same links, so the head has booked the
         # end before the client can see `exit` and ask (`gxpc smask`) about it.
         if msg["op"] == "exit" and (dst, msg["job"]) in self.notify_jobs:
-            self.notify_jobs.discard((dst, msg["job"]))
-            self.send(wire.HEAD, dict(msg, op="done", client=dst))
+            calls = self._calls
+            if calls is not None and calls.ending(dst, msg["job"], lambda answer: self._job_end(
+                    dst, msg, answer)):
+                return
+            self._job_end(dst, msg, None)
+            return
+        self.send(dst, msg)
+
+    def _job_end(self, dst: str, msg: Dict[str, Any], answer: Optional[Dict[str, Any]]) -> None:
+        self.notify_jobs.discard((dst, msg["job"]))
+        done = dict(msg, op="done", client=dst)
+        if answer is not None:
+            done["answer"] = answer
+        self.send(wire.HEAD, done)
         self.send(dst, msg)
 
     def send(self, dst: str, msg: Dict[str, Any]) -> None:
@@ -225,6 +239,8 @@ class Node:
     def child_lost(self, child: str, why: str) -> None:
         self.send(wire.HEAD, {"op": "lost", "ids": [child], "reason": why})
         self.trees.child_lost(child)     # after `lost`: the head answers for its subtree
+        if self._calls is not None:
+            self._calls.lost(child)
 
     def child_stderr(self, child: str, data: bytes) -> None:
         for line in data.decode("utf-8", "replace").splitlines()[:20]:
@@ -317,7 +333,11 @@ class Node:
     def op_exec(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         if msg.get("notify"):
             self.notify_jobs.add((src, msg["job"]))
-        self.jobs.start(src, msg)
+        calls = self.node_calls() if msg.get("before") or msg.get("after") else None
+        if calls is None:       # none asked, or the module is not here: the head asks
+            self.jobs.start(src, msg)
+            return
+        calls.start(src, msg, lambda: self.jobs.start(src, msg))
 
     def op_exec_tree(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         self.trees.start(src, msg)
@@ -325,70 +345,28 @@ class Node:
     def op_exec_report(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         self.trees.report(src, msg)
 
+    def _held(self, src: str, msg: Dict[str, Any]) -> bool:
+        """A frame for a job that waits for its `before` call (node_calls.py)."""
+        return self._calls is not None and bool(self._calls.held) and self._calls.hold(src, msg)
+
     def op_stdin(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
-        self.jobs.write_stdin(src, msg)
+        if not self._held(src, msg):
+            self.jobs.write_stdin(src, msg)
 
     def op_out_ack(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         """Output credit: the consumer took `bytes` of a job's output."""
-        self.jobs.ack_output(src, msg["job"], msg["bytes"])
+        if not self._held(src, msg):
+            self.jobs.ack_output(src, msg["job"], msg["bytes"])
 
     def op_kill(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
-        self.jobs.kill(src, msg["job"], msg["sig"])
+        if not self._held(src, msg):
+            self.jobs.kill(src, msg["job"], msg["sig"])
 
     def op_ping(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         self.send(src, {"op": "pong", "req": msg["req"], "id": self.id, "time": time.time()})
 
     def op_quit(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         self.shutdown(send_bye=True)
-
-    def op_svc(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
-        """A call to this node's role (a service such as GMount's per-node mount)."""
-        side = self.sides.get(self.role)
-        handler = side.calls().get(msg["call"]) if side is not None else None
-        if handler is None:
-            self.send(src, {"op": "svc_reply", "req": msg["req"], "ok": False,
-                            "error": "no such service call %r on %s" % (msg["call"], self.name),
-                            "result": {}})
-            return
-
-        def reply(ok: bool, error: str = "", result: Optional[Dict[str, Any]] = None) -> None:
-            self.send(src, {"op": "svc_reply", "req": msg["req"], "ok": ok, "error": error,
-                            "result": result or {}})
-        handler(msg["args"], reply)
-
-    def op_svc_msg(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
-        """A service's own message: to the node side of that service here."""
-        side = self.sides.get(msg["svc"])
-        if side is None:
-            self.log("no node side of %s here for a message from %s" % (msg["svc"], src))
-            return
-        side.deliver(src, msg)
-
-    def op_side(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
-        """The head asks this node to host a service's node side."""
-        if src != wire.HEAD or msg["svc"] in self.sides or self.quitting:
-            return
-        from gxpstyle.api.node_side import NodeSide
-        try:
-            if self.id == wire.HEAD:        # the head's own installation
-                import importlib
-                module = importlib.import_module(msg["module"])
-            else:
-                module = _role_module(msg["module"], core=True)
-            cls = getattr(module, msg["cls"], None)
-            if not (isinstance(cls, type) and issubclass(cls, NodeSide)):
-                raise ValueError("%s.%s is not a node side" % (msg["module"], msg["cls"]))
-            self.host_side(msg["svc"], cls())
-        except Exception as e:     # whatever the side's code raised: the head must hear it
-            self.sides.pop(msg["svc"], None)
-            text = "%s cannot host %s: %s" % (self.name, msg["svc"], describe_error(e))
-            self.log(text)
-            self.send(src, {"op": "side_failed", "svc": msg["svc"], "error": text})
-
-    def host_side(self, svc: str, side: Any) -> None:
-        from gxpstyle.api.node_side import NodeHost
-        self.sides[svc] = side
-        side.start(NodeHost(self, svc))
 
     def op_modules(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
         """Modules pushed from the head: install them, pass them down once per link."""
@@ -541,7 +519,7 @@ def run(rfd: int, wfd: int, payloads: bootstrap.PayloadCache,
         # A service node: its module (pushed by the head) sets it up and may
         # take over the main thread (FUSE wants it); the loop then runs beside.
         try:
-            module = _role_module(str(hello["opts"].get("role_module") or ""))
+            module = role_module(str(hello["opts"].get("role_module") or ""))
             service, runner, side = module.start(node, dict(hello["opts"].get("role_config") or {}))
             node.host_side(role, side)
             ready["service"] = service
@@ -579,16 +557,3 @@ def usable_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def _role_module(name: str, core: bool = False) -> Any:
-    """Code the head shipped: a module it pushed (never one of the core's own),
-    or with `core` one of the agent payload too (a node side's)."""
-    if not (bootstrap.pushable(name) or (core and name in bootstrap.AGENT_MODULES)):
-        raise ValueError("module %r is not one the head may name" % name)
-    import importlib
-    module = importlib.import_module(name)
-    loader = getattr(getattr(module, "__spec__", None), "loader", None)
-    if type(loader).__name__ != "_GxpImporter":
-        raise ValueError("module %r was not shipped by the head" % name)
-    return module

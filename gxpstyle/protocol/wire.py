@@ -112,6 +112,9 @@ _REQ = Int(0, (1 << 63) - 1)
 _JOB = Int(0, (1 << 63) - 1)
 _TEXT = Str(1 << 16)
 _MAP = MapOf(_Any())
+# a call a job's node makes to a role node below it, and the answer it got
+NODE_CALL = Rec({"node": _ID, "call": Str(64, empty=False), "args": _MAP, "wait": Num(0, 86400)})
+CALL_ANSWER = Rec({"ok": Bool(), "error": _TEXT, "result": _MAP})
 _STRS = ListOf(Str(1 << 16), 1024)
 _SID = Str(MAX_ADDR + 24, empty=False)
 
@@ -155,8 +158,12 @@ SCHEMA: Dict[str, Rec] = {
     # keeps its books without decoding the client's output frames.
     # `base`: env is what differs from an environment the node keeps under
     # that id (job_runner.py), given once in `base_env` (JobTable.start)
+    # `before`, `after`: a call the node makes to a role node of its own
+    # (node_calls.py) before the job starts, and as it ends (its answer goes
+    # with `done`)
     "exec": Rec({"job": _JOB, "cmd": Str(1 << 20), "cwd": Opt(Str(4096)), "env": _ENV,
-                 "stdin": Bool()}, {"notify": Bool(), "base": _JOB, "base_env": _ENV}, open=True),
+                 "stdin": Bool()}, {"notify": Bool(), "base": _JOB, "base_env": _ENV,
+                                    "before": NODE_CALL, "after": NODE_CALL}, open=True),
     # a job along the tree (tree_exec.py): one message a child, naming every
     # target of its subtree with what each adds to `env`; the subtree's exit
     # statuses come back folded, as (status, error, nodes) groups (with
@@ -171,7 +178,7 @@ SCHEMA: Dict[str, Rec] = {
     "out": Rec({"job": _JOB, "fd": Choice(1, 2), "data": Bytes(MAX_FRAME)}, open=True),
     "exit": Rec({"job": _JOB, "status": Int(-(1 << 31), 1 << 31), "error": _TEXT}, open=True),
     "done": Rec({"job": _JOB, "client": _ID, "status": Int(-(1 << 31), 1 << 31), "error": _TEXT},
-                open=True),
+                {"answer": CALL_ANSWER}, open=True),
     "kill": Rec({"job": _JOB, "sig": Int(1, 64)}, open=True),
     # flow control (job_runner.py): the consumer took `bytes` of a job's output;
     # the command took `bytes` of its stdin (eof: it will take no more)

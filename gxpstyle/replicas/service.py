@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from gxpstyle.api.head_api import JobCalls
 from gxpstyle.api.interfaces import Replica, ReplicaAPI, ReplicaKeeper
 from gxpstyle.api.services import Service, Verb, after, log_exception
 from gxpstyle.protocol.schema import ListOf, Rec, Str
@@ -43,6 +44,8 @@ class ReplicaService(Service, ReplicaAPI):
         super().__init__(head)
         self.catalog = catalog if catalog is not None else ReplicaCatalog()
         self.keepers: List[ReplicaKeeper] = []
+        # id(JobCalls) -> the keeper that gave them, until files_changed
+        self.call_makers: Dict[int, ReplicaKeeper] = {}
 
     def verbs(self) -> Dict[str, Verb]:
         return {"where": Verb(self.req_where, WHERE_ARGS)}
@@ -108,10 +111,12 @@ class ReplicaService(Service, ReplicaAPI):
         return under_watched(self.keepers, paths)
 
     def files_changed(self, node: str, paths: List[str], done: Callable[[], None],
-                      complete: bool = True) -> None:
+                      complete: bool = True, calls: Optional[JobCalls] = None) -> None:
         """Every keeper acts (mounts drop their kernel caches, describe what the
         writer's export holds for the catalog); done() once all have, or
-        after FILES_CHANGED_WAIT seconds."""
+        after FILES_CHANGED_WAIT seconds. `calls` go to the keeper that gave
+        them (job_calls)."""
+        maker = self.call_makers.pop(id(calls), None) if calls is not None else None
         keepers = list(self.keepers)
         waiting = set(range(len(keepers)))
         state: Dict[str, Any] = {"done": False, "timer": None}
@@ -138,7 +143,11 @@ class ReplicaService(Service, ReplicaAPI):
         state["timer"] = self.head.call_later(FILES_CHANGED_WAIT, late)
         for i, k in enumerate(keepers):
             try:
-                k.files_changed(node, paths, lambda i=i: acted(i), complete)   # type: ignore[misc]
+                if k is maker:
+                    k.files_changed(node, paths, lambda i=i: acted(i), complete,  # type: ignore[misc]
+                                    calls=calls)
+                else:
+                    k.files_changed(node, paths, lambda i=i: acted(i), complete)  # type: ignore[misc]
             except Exception:
                 log_exception(self.head.log, "files_changed")
                 acted(i)
@@ -161,10 +170,29 @@ class ReplicaService(Service, ReplicaAPI):
                 return
         done(False, "no service keeps copies of %s" % path, "")
 
-    def settle(self, node: str, done: Callable[[], None], cwd: Optional[str] = None) -> None:
+    def settle(self, node: str, done: Callable[[], None], cwd: Optional[str] = None,
+               calls: Optional[JobCalls] = None) -> None:
         """Every keeper that can (ReplicaKeeper.settle) settles `node` for a
-        job in `cwd`; done() then."""
-        self._each_keeper("settle", done, lambda k, one: k.settle(node, one, cwd))
+        job in `cwd` (the one that gave `calls`, knowing the job's node makes
+        them); done() then."""
+        maker = self.call_makers.get(id(calls)) if calls is not None else None
+        self._each_keeper("settle", done, lambda k, one: k.settle(node, one, cwd, calls)
+                          if k is maker else k.settle(node, one, cwd))
+
+    def job_calls(self, node: str, paths: List[str], cwd: Optional[str]) -> Optional[JobCalls]:
+        """The first keeper's calls for a job on `node` (ReplicaKeeper.job_calls);
+        files_changed forgets them (each job's are given there once)."""
+        for k in self.keepers:
+            fn = getattr(k, "job_calls", None)
+            calls = fn(node, paths, cwd) if callable(fn) else None
+            if calls is not None:
+                self.call_makers[id(calls)] = k
+                return calls
+        return None
+
+    def forget_calls(self, calls: JobCalls) -> None:
+        """A job given `calls` never reaches files_changed (it never started)."""
+        self.call_makers.pop(id(calls), None)
 
     def _each_keeper(self, method: str, done: Callable[[], None],
                      call: Callable[[Any, Callable[[], None]], None]) -> None:

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
+from gxpstyle.api.head_api import JobCalls
 from gxpstyle.api.interfaces import BcastAPI, ReplicaAPI, Shell
 from gxpstyle.api.services import Service, Verb
 from gxpstyle.protocol.schema import Bool, Int, ListOf, MapOf, Opt, Rec, Str
@@ -93,6 +94,7 @@ class MakeService(Service):
         # per make: when it began, and the paths its succeeded recipes named
         self.made: Dict[str, Tuple[float, Set[str]]] = {}
         self.settling: Dict[Tuple[str, int], Settling] = {}
+        self.calls: Dict[Tuple[str, int], JobCalls] = {}     # running recipe -> its node's calls
         self._timer: Optional[int] = None
         self._timer_at = 0.0
         self.transfers = TransferPlanner(head, replicas, bcast)
@@ -128,6 +130,8 @@ class MakeService(Service):
         self.waiting = [w for w in self.waiting if w.cid != client]
         for key in [k for k in self.settling if k[0] == client]:
             del self.settling[key]
+        for key in [k for k in self.calls if k[0] == client]:
+            self.replicas.forget_calls(self.calls.pop(key))
         for key in self.transfers.client_closed(client):   # recipes that never started
             self.slot_books.finished(key)
         for key in [k for k in self.started if k[0] == client]:
@@ -254,6 +258,11 @@ class MakeService(Service):
         # only files some service caches (a mount) need acting on at the end
         paths = self.replicas.watched(list(args.get("inputs") or []))
         settle = bool(paths)
+        # what the node asks its mount itself, before and after (no round
+        # trip of the head's on the recipe's way)
+        calls = self.replicas.job_calls(nid, paths, args.get("cwd")) if settle else None
+        if calls is not None:
+            self.calls[(cid, job)] = calls
         # The reply goes first: the client learns the job id before its output
         # (and may send it stdin before it starts: the job table holds that).
         head.announce_job(cid, job)
@@ -277,17 +286,17 @@ class MakeService(Service):
                                             time.time())
             head.start_job(cid, job, [nid], args["cmd"], lambda n, i: env,
                            lambda n: args.get("cwd"), stdin=bool(args.get("stdin")),
-                           base_for=lambda n: self._base(cid, n))
+                           base_for=lambda n: self._base(cid, n), calls_for=lambda n: calls)
         fetch, staged, copying = int(why.get("fetch") or 0), time.monotonic(), [False]
 
         def measured() -> None:   # the placement weighs SOFT waits against this rate
             if copying[0]:        # not when there was nothing to copy
                 self.placement.observe_fetch(fetch, time.monotonic() - staged)
             # the node's mount first takes every change the head has sent out
-            self.replicas.settle(nid, start, args.get("cwd"))
+            self.replicas.settle(nid, start, args.get("cwd"), calls)
             if copying[0] and self.waiting:
                 self._retry()     # a wait weighed against the old rate may be over
-        self.transfers.stage((cid, job), nid, paths, measured)
+        self.transfers.stage((cid, job), nid, paths, measured, pin=calls is None)
         copying[0] = True
 
     def _base(self, cid: str, nid: str) -> Tuple[Any, Dict[str, Optional[str]]]:
@@ -321,15 +330,17 @@ class MakeService(Service):
         paths = self.paths.pop(key, None)
         if paths is not None and status == 0 and client in self.made:
             self.made[client][1].update(paths)
+        calls = self.calls.pop(key, None)
         if paths is not None and status == 0:
             # a success counts once every mount shows its files as they are
-            self.replicas.files_changed(node, paths, lambda: self._acted(key))
+            self.replicas.files_changed(node, paths, lambda: self._acted(key), calls=calls)
         elif paths is not None:
             # a failed recipe: every mount drops its caches of its files too
             # and its host's change feed goes with it (make's .DELETE_ON_ERROR
             # deletes a target only if it sees a new mtime), but its targets
             # are not described as complete files
-            self.replicas.files_changed(node, paths, lambda: self._acted(key), complete=False)
+            self.replicas.files_changed(node, paths, lambda: self._acted(key), complete=False,
+                                        calls=calls)
         if self.waiting:
             self._retry()
         self._demand_changed()

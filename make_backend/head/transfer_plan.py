@@ -138,10 +138,12 @@ class TransferPlanner:
         return o.trace if o is not None else None
 
     # -- a recipe ----------------------------------------------------------------
-    def stage(self, key: Key, node: str, paths: List[str], start: Callable[[], None]) -> None:
-        """Copy to `node` the inputs it lacks, then start(); at once if none."""
+    def stage(self, key: Key, node: str, paths: List[str], start: Callable[[], None],
+              pin: bool = True) -> None:
+        """Copy to `node` the inputs it lacks, then start(); at once if none.
+        Not `pin`: the node pins the inputs itself (ReplicaAPI.job_calls)."""
         o = self.options.get(key[0]) or Options()
-        st = Stage(key, node, 1, start)         # 1: the pin of its inputs, below
+        st = Stage(key, node, 1 if pin else 0, start)     # 1: the pin of its inputs, below
         host = self._host(node)
         for p in dict.fromkeys(paths):
             need = self.needs.get((node, p))
@@ -154,15 +156,19 @@ class TransferPlanner:
             need.waiters.append(st)
             st.pending += 1
         self.stages[key] = st
-        if st.pending > 1:
+        if st.pending > (1 if pin else 0):
             self._arm()
+        if not pin:
+            if st.pending == 0:
+                self._ready(st, 0)
+            return
         # Its inputs' replicas on the node stay until it ends (release): the
         # store evicts others first. It starts once the pin holds.
         self.pinned[key] = (node, list(dict.fromkeys(paths)))
         self.replicas.pin(node, self.pinned[key][1], True, lambda: self._ready(st))
 
-    def _ready(self, st: Stage) -> None:
-        st.pending -= 1
+    def _ready(self, st: Stage, done: int = 1) -> None:
+        st.pending -= done
         if st.pending == 0 and not st.cancelled:
             self.stages.pop(st.key, None)
             st.start()

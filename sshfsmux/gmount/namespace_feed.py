@@ -240,8 +240,23 @@ class NamespaceFeed:
         one = after(len(waits), done)      # one counter for all of them
         self.node_waiters.extend((sid, n, one) for sid, n in waits)
 
+    def send_now(self, sid: str) -> bool:
+        """Every change for mount service `sid` goes out now, this loop
+        round's too, even while a call of its own is unanswered (a job on
+        its host is about to start, and its node asks the mount to take
+        what came before: node_calls.py). True if some call to it (changes
+        or listings) is unanswered then."""
+        if self.flush_armed:
+            self._send()
+        held = self.held.pop(sid, None)
+        if held:
+            self._call(sid, held)
+        return self.acked.get(sid, 0) < self.sent.get(sid, 0) or bool(self.listing_out.get(sid))
+
     def _acked(self, sid: str, seq: int) -> None:
-        self.acked[sid] = seq
+        # answers come in order (the mount answers each after the kernel
+        # work of those before it), but never count back
+        self.acked[sid] = max(seq, self.acked.get(sid, 0))
         self._flush(sid)
         self._release_node(sid, seq)
 

@@ -17,38 +17,30 @@ import errno
 import os
 import subprocess
 import threading
-import time
 
 from gxpstyle.api.node_side import NodeSide
 
 # The host's addresses and the pick of a peer's: the core's (its transfers' direct links use them too).
 from gxpstyle.transport.link_auth import local_addresses, pick_address
 from sshfsmux.fs.namespace_copy import NamespaceCopy
-from sshfsmux.gmount.change_report import copies_of, export_state
+from sshfsmux.gmount.change_feed import ChangeFeed, ChangesWaiting
+from sshfsmux.gmount.change_report import copies_of
 from sshfsmux.gmount.mount_settings import MountSettings, fuse_conf_allows_other, is_mounted  # noqa: F401
 from sshfsmux.gmount.serial_work import SerialWork
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
     from sshfsmux.branches.branch import Branch
 
     Reply = Callable[..., None]
 
 MOUNT_WAIT = 20.0
-# seconds of changes made through the mount sent as one answer: the first
-# change after a quiet spell goes at once, a burst (tar, configure) then
-# goes to the head and back to the other nodes in a few rounds instead of a
-# round per change, well inside the interactive bound (README: 100 ms); a
-# recipe's own changes go with its exit status (the "changed" call)
-COALESCE = 0.02
-CHANGES_PAGE = 5000     # paths an answer describes; the rest wait for the next call
-MAX_PENDING = 100000    # paths kept between answers (more: the catalog misses some)
-
 # What the head pushes to a node for this service, dependencies first.
 NODE_MODULES = [
     "gxpstyle.node.tree_streams",    # the data channel's way where no direct one exists
+    "gxpstyle.node.node_calls",      # a recipe's node asks its mount itself (recipe_changes.py)
     "sshfsmux.branches.branch", "sshfsmux.branches.confined_paths", "sshfsmux.direct.transport",
     "sshfsmux.direct.protocol",
     "sshfsmux.branches.local_syscalls", "sshfsmux.branches.local_branch",
@@ -59,7 +51,8 @@ NODE_MODULES = [
     "sshfsmux.fs.link_names", "sshfsmux.fs.merged_changes", "sshfsmux.fs.merged_xattrs",
     "sshfsmux.fs.namespace_copy", "sshfsmux.fs.merged_namespace", "sshfsmux.fs.merged_fs",
     "sshfsmux.direct.export_server", "sshfsmux.gmount.export_scan", "sshfsmux.fs.kernel_cache",
-    "sshfsmux.gmount.export_watch", "sshfsmux.gmount.change_report", "sshfsmux.gmount.serial_work",
+    "sshfsmux.gmount.export_watch", "sshfsmux.gmount.change_report", "sshfsmux.gmount.change_feed",
+    "sshfsmux.gmount.serial_work",
     "sshfsmux.gmount.mount_settings",
     "sshfsmux.gmount.node", "mfusepy",
 ]
@@ -87,34 +80,7 @@ def unmount(mountpoint: str) -> str:
     return ""
 
 
-def page(paths: Set[str], room: int) -> Tuple[List[str], List[str]]:
-    """Up to `room` of the mount paths ("/a/b"), in order, as rels ("a/b"),
-    and the paths left for later."""
-    every = sorted(paths, key=lambda p: p.lstrip("/"))
-    taken = every[:max(0, room)]
-    return [p.lstrip("/") for p in taken], every[len(taken):]
-
-
-class ChangesWaiting:
-    """Changes made through this mount (a write handle closed, an unlink, a
-    rename), for the head's replica catalog: the head keeps one "changes"
-    call waiting here, answered once something changed (after COALESCE
-    seconds, so that a burst is one answer). FUSE threads add paths; the
-    loop answers."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.paths: Set[str] = set()
-        # changed in this node's export behind the mount (inotify): reported
-        # as this export's state alone, never as the merged view's, which
-        # may not have heard yet of the change a peer made here
-        self.local: Set[str] = set()
-        self.reply: Optional[Reply] = None
-        self.armed = False
-        self.last_flush = 0.0       # time.monotonic() of the last answer
-
-
-class GMountNode(NodeSide):
+class GMountNode(ChangeFeed, NodeSide):
     """One node's GMount: the export server (up from the start), the merged
     FUSE mount (once the head sends the peers), and the answers to the head's
     calls. The role node's side (gxpstyle/api/node_side.py): it stops with the node."""
@@ -163,7 +129,7 @@ class GMountNode(NodeSide):
         return {"mount": self.mount, "umount": self.umount, "scan": self.scan,
                 "changed": self.changed, "drop_peers": self.drop_peers,
                 "changes": self.changes, "adopt": self.adopt, "pin": self.pin_replicas,
-                "listing": self.listing, "ns": self.namespace_changed}
+                "listing": self.listing, "ns": self.namespace_changed, "ready": self.ready}
 
     # -- plumbing ------------------------------------------------------------
     def log(self, text: str) -> None:
@@ -303,10 +269,29 @@ class GMountNode(NodeSide):
             return
         paths = self._gap(args.get("seq")) + fs.namespace.update(args.get("dirs") or {})
         fs.forget_access(paths)
-        if self.kcache is None or not paths:
+        if self.kcache is None:
             reply(True, "", {})
             return
-        self._drop_kernel_entries(paths, lambda: self.in_loop(reply, True, "", {}))
+        # after the kernel work of the calls before it, even with none of its
+        # own: answers in order (namespace_feed.py counts them)
+        def answer() -> None:
+            self.in_loop(reply, True, "", {})
+        if paths:
+            self._drop_kernel_entries(paths, answer)
+        else:
+            self.kernel_work.put(answer)
+
+    def ready(self, args: Dict[str, Any], reply: Reply) -> None:
+        """A job on this host is about to start (its node asks: node_calls.py):
+        answered once every change and listing the head sent before it, which
+        came first down the same links, is in the copy and out of the
+        kernel's caches (that work is done in order). `pin`: the job's
+        inputs, kept in the replica store until its end (pin_replicas)."""
+        self._pin(args.get("pin") or [], True)
+        if self.kcache is None:
+            reply(True, "", {})
+            return
+        self.kernel_work.put(lambda: self.in_loop(reply, True, "", {}))
 
     def _gap(self, seq: Any) -> List[str]:
         """The head numbers its `ns` calls: one skipped (a change this copy
@@ -380,6 +365,7 @@ class GMountNode(NodeSide):
         from sshfsmux.gmount import export_scan
         rels = [str(p) for p in args.get("paths") or []]
         pending = self._take_pending() if args.get("describe") or args.get("feed") else []
+        self._pin(args.get("unpin") or [], False)      # a job's inputs, pinned by `ready`
 
         def work() -> None:
             copies: List[Any] = []
@@ -404,23 +390,6 @@ class GMountNode(NodeSide):
             self.in_loop(reply, True, "", {"files": files, "invalidated": dropped,
                                            "copies": copies})
         self.peer_work.put(work)
-
-    def _take_pending(self) -> List[str]:
-        """The change feed's names not sent yet, taken out of it."""
-        w = self.changes_waiting
-        with w.lock:
-            paths, w.paths = w.paths, set()
-        rels, rest = page(paths, CHANGES_PAGE)   # an answer's worth; the rest as before
-        self._requeue([r.lstrip("/") for r in rest])
-        return rels
-
-    def _requeue(self, rels: List[str]) -> None:      # any thread
-        if not rels:
-            return
-        w = self.changes_waiting
-        with w.lock:
-            w.paths.update("/" + r for r in rels)
-        self.node.loop.call_soon_threadsafe(self._arm)
 
     def adopt(self, args: Dict[str, Any], reply: Reply) -> None:
         """A complete, verified copy of a file of the mount (a transfer the head
@@ -467,16 +436,21 @@ class GMountNode(NodeSide):
     def pin_replicas(self, args: Dict[str, Any], reply: Reply) -> None:
         """The head pins (or unpins) a recipe's inputs for the recipe's life:
         their replicas here are not evicted meanwhile (replica_cache.py)."""
-        from sshfsmux.direct.branch import DirectBranch
-        fs, cache = self.fs, self.cache
-        if fs is None or cache is None:
+        if self.fs is None or self.cache is None:
             reply(False, "not mounted", {})
             return
-        # keyed as DirectBranch.adopt and its reads key them: branch and wire path ("a/b")
-        rels = [str(p).strip("/") for p in args.get("paths") or []]
-        keys = [b.replica_key(r) for r in rels for b in fs.branches if isinstance(b, DirectBranch)]
-        (cache.pin if args.get("pin") else cache.unpin)(keys)
+        self._pin(args.get("paths") or [], bool(args.get("pin")))
         reply(True, "", {})
+
+    def _pin(self, paths: List[Any], pin: bool) -> None:
+        from sshfsmux.direct.branch import DirectBranch
+        fs, cache = self.fs, self.cache
+        if fs is None or cache is None or not paths:
+            return
+        # keyed as DirectBranch.adopt and its reads key them: branch and wire path ("a/b")
+        rels = [str(p).strip("/") for p in paths]
+        keys = [b.replica_key(r) for r in rels for b in fs.branches if isinstance(b, DirectBranch)]
+        (cache.pin if pin else cache.unpin)(keys)
 
     def drop_peers(self, args: Dict[str, Any], reply: Reply) -> None:
         """Peers the head saw lost: their files leave the merged tree at once
@@ -488,72 +462,6 @@ class GMountNode(NodeSide):
         if fs is not None:
             fs.branches = [b for b in fs.branches if b.local or b.node not in gone]
         reply(True, "", {})
-
-    # -- changes made through the mount (ChangesWaiting) ------------------------
-    def changes(self, args: Dict[str, Any], reply: Reply) -> None:
-        w = self.changes_waiting
-        with w.lock:
-            old, w.reply = w.reply, reply
-        if old is not None:
-            old(False, "superseded", {})
-        self._arm()
-
-    def _on_change(self, path: str) -> None:      # a FUSE thread
-        self._note_changes(self.changes_waiting.paths, (path,))
-
-    def _on_export_changes(self, paths: List[str]) -> None:      # the watch's thread
-        self._note_changes(self.changes_waiting.local, paths)
-
-    def _note_changes(self, into: Set[str], paths: Any) -> None:
-        w = self.changes_waiting
-        with w.lock:
-            for path in paths:
-                if len(into) < MAX_PENDING:
-                    into.add(path)
-            # the loop arms the answer; once armed (or with no call of the
-            # head's waiting) there is nothing to wake it for
-            wake = not w.armed and w.reply is not None
-        if wake:
-            self.node.loop.call_soon_threadsafe(self._arm)
-
-    def _arm(self) -> None:
-        w = self.changes_waiting
-        with w.lock:
-            if w.armed or w.reply is None or not (w.paths or w.local):
-                return
-            w.armed = True
-        # the first change after a quiet spell goes at once; a burst waits
-        # out COALESCE from the answer before it
-        wait = COALESCE - (time.monotonic() - w.last_flush)
-        self.node.loop.call_later(max(0.0, wait), self._flush_changes)
-
-    def _flush_changes(self) -> None:
-        w = self.changes_waiting
-        with w.lock:
-            w.armed = False
-            w.last_flush = time.monotonic()
-            reply, paths, local = w.reply, w.paths, w.local - w.paths
-            if reply is None or not (paths or local):
-                return
-            w.reply, w.paths, w.local = None, set(), set()
-        # an answer's worth of names; the rest go with the next answer
-        rels, rest = page(paths, CHANGES_PAGE)
-        own, rest_own = page(local, CHANGES_PAGE - len(rels))
-        with w.lock:
-            w.paths.update(rest)
-            w.local.update(rest_own)
-
-        def work() -> None:
-            # a name in a directory this mount holds no copy of is answered
-            # by asking every branch (the merged view does): waiting for a
-            # listing nobody asked for kept such a change from the head for
-            # good (a recipe's .deps/x.Po renamed into place on a host)
-            copies, gone = copies_of(self.fs, rels)
-            here, not_here = export_state(self.cfg.export, own)
-            self.in_loop(reply, True, "", {"copies": copies, "gone": gone,
-                                           "here": here, "not_here": not_here})
-        # the merged view may ask the holders: not on the node's loop
-        self.peer_work.put(work)
 
     # -- the node's lifetime ------------------------------------------------------
     def stop(self) -> None:

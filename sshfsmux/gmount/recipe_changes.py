@@ -13,8 +13,10 @@ Head side.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
+from gxpstyle.api.head_api import JobCalls, NodeCall
 from gxpstyle.api.services import after
 from gxpstyle.protocol.wire import HEAD
 from sshfsmux.gmount import file_records
@@ -24,6 +26,31 @@ if TYPE_CHECKING:
     from gxpstyle.api.interfaces import ReplicaAPI
     from sshfsmux.gmount.namespace_feed import NamespaceFeed
     from sshfsmux.gmount.service import Mount
+
+
+# seconds a recipe's node waits for its mount's answer before it goes on
+# without it (a mount that hangs must not hold make: the head then asks as
+# it did before, within its own bound, replicas/service.py)
+NODE_CALL_WAIT = 30.0
+
+
+@dataclass
+class RecipeCalls(JobCalls):
+    """What a recipe's node asks the mount on its host (the mount's service is
+    the node's own child): `ready` before the recipe starts (the mount has
+    taken every change and listing the head sent before the recipe's exec:
+    they came down the same links first; only when something sent is not
+    answered yet, or inputs are to be pinned: settle decides), `changed`
+    as it ends (its files described, with the change feed, for the
+    catalog: the answer comes up with the end, so the head makes no call
+    of its own). The inputs other hosts hold stay in the replica store
+    from `ready` to `changed` (the head's own pin calls otherwise)."""
+    mount: Any = None
+    nid: str = ""
+    sid: str = ""
+    rels: List[str] = field(default_factory=list)
+    pins: List[str] = field(default_factory=list)     # inputs other hosts hold
+    taken: bool = False       # the `changed` answer came, and the catalog took it
 
 
 class RecipeChanges:
@@ -39,7 +66,7 @@ class RecipeChanges:
         def _take_copies(self, m: Mount, items: Any) -> List[str]: ...
 
     def files_changed(self, node: str, paths: List[str], done: Callable[[], None],
-                      complete: bool = True) -> None:
+                      complete: bool = True, calls: Optional[JobCalls] = None) -> None:
         """Write-on-exit: every live mount drops its kernel caches for `paths`
         and the mount of the host that ran the recipe (it holds what the
         recipe wrote: creates land in the local export) describes them for
@@ -48,10 +75,12 @@ class RecipeChanges:
         the host's change feed still comes); done() once every mount has
         answered (or is lost) and the head host's mount took the changes.
         The recipes that end in one loop round share one `changed` call per
-        mount service (two where some of them ran on its host)."""
+        mount service (two where some of them ran on its host); the host's
+        mount is not called when the recipe's node called it (`calls`)."""
         if not self._changes:
             self.head.at_end(self._send_changes)
-        self._changes.append((node, paths, done, complete))
+        taken = calls.sid if isinstance(calls, RecipeCalls) and calls.taken else None
+        self._changes.append((node, paths, done, complete, taken))
 
     def _send_changes(self) -> None:
         batch, self._changes = self._changes, []
@@ -59,7 +88,8 @@ class RecipeChanges:
         calls: Dict[Any, List[Dict[str, None]]] = {}
         waiting: List[Callable[[], None]] = []
         feeds: Set[Any] = set()       # (mountpoint, nid, sid): failed recipes' hosts
-        for node, paths, done, complete in batch:
+        barrier = False               # some recipe waits only for the head's mount
+        for node, paths, done, complete, taken in batch:
             writer = self.head.node(node)
             host = writer.hostname if writer is not None else None
             if not complete:
@@ -76,6 +106,9 @@ class RecipeChanges:
                 for nid, sid in m.services.items():
                     there = self.head.node(nid)
                     if not self.head.is_up(sid) or there is None:
+                        continue
+                    if sid == taken:      # its node called it as the recipe ended
+                        touched = barrier = True
                         continue
                     holder = there.hostname == host
                     if not holder and host is not None and len(m.services) > 1:
@@ -101,6 +134,8 @@ class RecipeChanges:
                     done()
 
         sends = []
+        if barrier:
+            pending.add("head")
         for (mp, nid, sid), (described, others) in calls.items():
             for holder, rels in ((True, list(described)), (False, [r for r in others if r not in described])):
                 if rels:
@@ -112,21 +147,28 @@ class RecipeChanges:
             def answered(ok: bool, error: str, result: Dict[str, Any], m: Mount = mount,
                          nid: str = nid, sid: str = sid, rels: List[str] = rels,
                          holder: bool = holder) -> None:
-                if ok:
-                    changed = self._record(m, nid, rels, result.get("files") or []) if holder else []
-                    # and what the recipe changed besides its targets (automake's
-                    # .deps/*.Po renamed into place), from that node's change feed
-                    changed += self._take_copies(m, result.get("copies"))
-                    # the nodes holding these directories hear it; make (on the
-                    # head's host) hears the recipe ended once the mount there
-                    # took it, and a recipe starts once its own node's did (settle)
-                    self.feed.touched(m.mountpoint, changed)
-                    self.feed.node_barrier(self._sids_on_head(), lambda: acted((sid, holder)))
-                    return
-                self.head.log("gmount: %s: changed files: %s" % (self._name(nid), error))
-                acted((sid, holder))
+                self._changed_answer(m, nid, rels, holder, ok, error, result,
+                                     lambda: acted((sid, holder)))
             self.head.call_role(sid, "changed", {"paths": rels, "describe": holder, "feed": feed},
                                 answered)
+        if barrier:
+            self.feed.node_barrier(self._sids_on_head(), lambda: acted("head"))
+
+    def _changed_answer(self, m: Mount, nid: str, rels: List[str], holder: bool, ok: bool,
+                        error: str, result: Dict[str, Any], acted: Callable[[], None]) -> None:
+        if not ok:
+            self.head.log("gmount: %s: changed files: %s" % (self._name(nid), error))
+            acted()
+            return
+        changed = self._record(m, nid, rels, result.get("files") or []) if holder else []
+        # and what the recipe changed besides its targets (automake's
+        # .deps/*.Po renamed into place), from that node's change feed
+        changed += self._take_copies(m, result.get("copies"))
+        # the nodes holding these directories hear it; make (on the head's
+        # host) hears the recipe ended once the mount there took it, and a
+        # recipe starts once its own node's did (settle)
+        self.feed.touched(m.mountpoint, changed)
+        self.feed.node_barrier(self._sids_on_head(), acted)
 
     def _on_host(self, host: Optional[str], mounts: Iterable[Mount]) -> List[Tuple[Mount, str, str]]:
         """(mount, node id, service id) of each of `mounts` served on `host`
@@ -175,25 +217,91 @@ class RecipeChanges:
                 if self.catalog.entry(os.path.join(m.mountpoint, rel)) != before.get(rel)
                 or rel in unstored]
 
-    def settle(self, node: str, done: Callable[[], None], cwd: Optional[str] = None) -> None:
+    def job_calls(self, node: str, paths: List[str], cwd: Optional[str]) -> Optional[JobCalls]:
+        """A recipe on `node` whose files lie in the session's one mount, whose
+        service on the host is the node's own child: the node asks it
+        itself (RecipeCalls); None otherwise (the head asks, as settle and
+        files_changed do without calls)."""
+        if len(self.mounts) != 1:
+            return None
+        m = next(iter(self.mounts.values()))
+        sid = m.services.get(node)
+        if sid is None or not self.head.is_up(sid):
+            return None
+        info = self.head.node(node)
+        host = info.hostname if info is not None else None
+        rels, pins = [], []
+        for p in paths:
+            p = os.path.normpath(p)
+            if self._mount_of(p) is m:
+                rel = os.path.relpath(p, m.mountpoint)
+                rels.append(rel)
+                if any(self._host_of(n) != host for n in self.catalog.replicas(p)):
+                    pins.append(rel)
+        args: Dict[str, Any] = {"paths": rels, "describe": True, "feed": False}
+        if pins:
+            args["unpin"] = pins
+        calls = RecipeCalls(after=NodeCall(sid, "changed", args, NODE_CALL_WAIT),
+                            mount=m, nid=node, sid=sid, rels=rels, pins=pins)
+        calls.after_answered = lambda status, ok, error, result: self._ended(
+            calls, status, ok, error, result)
+        return calls
+
+    def _ended(self, calls: RecipeCalls, status: int, ok: bool, error: str,
+               result: Dict[str, Any]) -> None:
+        """The recipe's node called its mount as the recipe ended: the catalog
+        takes what it describes (a success's files) and its change feed, and
+        the nodes holding those directories hear it (files_changed then
+        waits only for the head's mount)."""
+        m = calls.mount
+        if not ok or self.mounts.get(m.mountpoint) is not m:
+            if ok is False:
+                self.head.log("gmount: %s: changed files at the recipe's end: %s"
+                              % (self._name(calls.nid), error))
+            return
+        changed = self._record(m, calls.nid, calls.rels, result.get("files") or []) \
+            if status == 0 else []
+        changed += self._take_copies(m, result.get("copies"))
+        self.feed.touched(m.mountpoint, changed)
+        calls.taken = True
+
+    def settle(self, node: str, done: Callable[[], None], cwd: Optional[str] = None,
+               calls: Optional[JobCalls] = None) -> None:
         """A recipe is about to start on `node`: done() once the mount on its
         host has taken every change the head has sent it (namespace_feed)
         and holds the listings of `cwd` and the directories above it (the
         node's agent enters cwd for the job, and its own look into a
         directory the copy lacks would ask every peer); the other nodes'
-        answers are not waited for."""
+        answers are not waited for. With our `calls`, done() as soon as all
+        of that is sent: the recipe's exec follows it down the same links,
+        and its node asks the mount (`ready`) before the recipe starts."""
         info = self.head.node(node)
         host = info.hostname if info is not None else None
         here = self._on_host(host, self.mounts.values())
         inside = self._mount_of(os.path.normpath(cwd)) if cwd else None
         prefetch = [(m, sid) for m, _nid, sid in here if m is inside and self.head.is_up(sid)]
-        one = after(1 + len(prefetch), done)
+        at_node = isinstance(calls, RecipeCalls)
+        one = after(1 + len(prefetch), done) if not at_node else (lambda: None)
         for m, sid in prefetch:
             rel = os.path.relpath(os.path.normpath(str(cwd)), m.mountpoint)
             parts = rel.split("/")
             keys = [""] + ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
             self.feed.prefetch(m.mountpoint, sid, keys, one)
-        self.feed.node_barrier([sid for _m, _nid, sid in here], one)
+        if not at_node:
+            self.feed.node_barrier([sid for _m, _nid, sid in here], one)
+            return
+        assert isinstance(calls, RecipeCalls)
+        unanswered = False
+        for _m, _nid, sid in here:
+            unanswered = self.feed.send_now(sid) or unanswered
+        # nothing on its way to the mount, nothing to pin: no call at all
+        calls.before = NodeCall(calls.sid, "ready", {"pin": calls.pins}, NODE_CALL_WAIT) \
+            if unanswered or calls.pins else None
+        done()
+
+    def _host_of(self, nid: str) -> Optional[str]:
+        info = self.head.node(nid)
+        return info.hostname if info is not None else None
 
     def sync(self, done: Callable[[], None]) -> None:
         """Every live mount sends what its change feed holds, the catalog takes

@@ -151,9 +151,12 @@ def test_payload_built_by_the_head_is_taken_only_for_our_interpreter():
 # at start: 49.5 KB as source, 149.0 KB precompiled. Then byte streams along the
 # tree for sites with no direct route (the stream ops' schemas and the agent's
 # hook; tree_streams.py itself is pushed with the services that use it): 50.2 KB
-# as source, 150.9 KB precompiled.
+# as source, 150.9 KB precompiled. Then a job's calls to the mount on its host
+# made by its node (the exec's before/after fields, the agent's hook, the
+# service ops in a module of their own; node_calls.py is pushed with the mount):
+# 51.2 KB as source, 153.8 KB precompiled.
 STAGE1_BUDGET = 1024
-PAYLOAD_BUDGET = {"source": 51 << 10, "precompiled": 152 << 10}
+PAYLOAD_BUDGET = {"source": 52 << 10, "precompiled": 156 << 10}
 
 
 def test_bootstrap_stays_within_its_byte_budget():

@@ -1,0 +1,149 @@
+"""A GMount node's change feed: names changed through the mount (and in its
+export behind it) go to the head's replica catalog. The head keeps one
+"changes" call waiting on the node; it is answered once something changed.
+A mixin of GMountNode (node.py).
+
+Node side: standard library, Python 3.8 syntax.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from sshfsmux.gmount.change_report import copies_of, export_state
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+    Reply = Callable[..., None]
+
+# seconds of changes made through the mount sent as one answer: the first
+# change after a quiet spell goes at once, a burst (tar, configure) then
+# goes to the head and back to the other nodes in a few rounds instead of a
+# round per change, well inside the interactive bound (README: 100 ms); a
+# recipe's own changes go with its exit status (the "changed" call)
+COALESCE = 0.02
+CHANGES_PAGE = 5000     # paths an answer describes; the rest wait for the next call
+MAX_PENDING = 100000    # paths kept between answers (more: the catalog misses some)
+
+
+def page(paths: Set[str], room: int) -> Tuple[List[str], List[str]]:
+    """Up to `room` of the mount paths ("/a/b"), in order, as rels ("a/b"),
+    and the paths left for later."""
+    every = sorted(paths, key=lambda p: p.lstrip("/"))
+    taken = every[:max(0, room)]
+    return [p.lstrip("/") for p in taken], every[len(taken):]
+
+
+class ChangesWaiting:
+    """Changes made through this mount (a write handle closed, an unlink, a
+    rename), for the head's replica catalog: the head keeps one "changes"
+    call waiting here, answered once something changed (after COALESCE
+    seconds, so that a burst is one answer). FUSE threads add paths; the
+    loop answers."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.paths: Set[str] = set()
+        # changed in this node's export behind the mount (inotify): reported
+        # as this export's state alone, never as the merged view's, which
+        # may not have heard yet of the change a peer made here
+        self.local: Set[str] = set()
+        self.reply: Optional[Reply] = None
+        self.armed = False
+        self.last_flush = 0.0       # time.monotonic() of the last answer
+
+
+class ChangeFeed:
+    if TYPE_CHECKING:       # what GMountNode supplies (for type checkers only)
+        node: Any
+        fs: Any
+        cfg: Any
+        peer_work: Any
+        changes_waiting: ChangesWaiting
+
+        def in_loop(self, fn: Callable[..., None], *args: Any) -> None: ...
+
+    def _take_pending(self) -> List[str]:
+        """The change feed's names not sent yet, taken out of it."""
+        w = self.changes_waiting
+        with w.lock:
+            paths, w.paths = w.paths, set()
+        rels, rest = page(paths, CHANGES_PAGE)   # an answer's worth; the rest as before
+        self._requeue([r.lstrip("/") for r in rest])
+        return rels
+
+    def _requeue(self, rels: List[str]) -> None:      # any thread
+        if not rels:
+            return
+        w = self.changes_waiting
+        with w.lock:
+            w.paths.update("/" + r for r in rels)
+        self.node.loop.call_soon_threadsafe(self._arm)
+
+    def changes(self, args: Dict[str, Any], reply: Reply) -> None:
+        w = self.changes_waiting
+        with w.lock:
+            old, w.reply = w.reply, reply
+        if old is not None:
+            old(False, "superseded", {})
+        self._arm()
+
+    def _on_change(self, path: str) -> None:      # a FUSE thread
+        self._note_changes(self.changes_waiting.paths, (path,))
+
+    def _on_export_changes(self, paths: List[str]) -> None:      # the watch's thread
+        self._note_changes(self.changes_waiting.local, paths)
+
+    def _note_changes(self, into: Set[str], paths: Any) -> None:
+        w = self.changes_waiting
+        with w.lock:
+            for path in paths:
+                if len(into) < MAX_PENDING:
+                    into.add(path)
+            # the loop arms the answer; once armed (or with no call of the
+            # head's waiting) there is nothing to wake it for
+            wake = not w.armed and w.reply is not None
+        if wake:
+            self.node.loop.call_soon_threadsafe(self._arm)
+
+    def _arm(self) -> None:
+        w = self.changes_waiting
+        with w.lock:
+            if w.armed or w.reply is None or not (w.paths or w.local):
+                return
+            w.armed = True
+        # the first change after a quiet spell goes at once; a burst waits
+        # out COALESCE from the answer before it
+        wait = COALESCE - (time.monotonic() - w.last_flush)
+        self.node.loop.call_later(max(0.0, wait), self._flush_changes)
+
+    def _flush_changes(self) -> None:
+        w = self.changes_waiting
+        with w.lock:
+            w.armed = False
+            w.last_flush = time.monotonic()
+            reply, paths, local = w.reply, w.paths, w.local - w.paths
+            if reply is None or not (paths or local):
+                return
+            w.reply, w.paths, w.local = None, set(), set()
+        # an answer's worth of names; the rest go with the next answer
+        rels, rest = page(paths, CHANGES_PAGE)
+        own, rest_own = page(local, CHANGES_PAGE - len(rels))
+        with w.lock:
+            w.paths.update(rest)
+            w.local.update(rest_own)
+
+        def work() -> None:
+            # a name in a directory this mount holds no copy of is answered
+            # by asking every branch (the merged view does): waiting for a
+            # listing nobody asked for kept such a change from the head for
+            # good (a recipe's .deps/x.Po renamed into place on a host)
+            copies, gone = copies_of(self.fs, rels)
+            here, not_here = export_state(self.cfg.export, own)
+            self.in_loop(reply, True, "", {"copies": copies, "gone": gone,
+                                           "here": here, "not_here": not_here})
+        # the merged view may ask the holders: not on the node's loop
+        self.peer_work.put(work)
+
