@@ -238,7 +238,7 @@ class RecipeChanges:
                 rels.append(rel)
                 if any(self._host_of(n) != host for n in self.catalog.replicas(p)):
                     pins.append(rel)
-        args: Dict[str, Any] = {"paths": rels, "describe": True, "feed": False}
+        args: Dict[str, Any] = {"paths": rels, "describe": True, "feed": False, "writer": True}
         if pins:
             args["unpin"] = pins
         calls = RecipeCalls(after=NodeCall(sid, "changed", args, NODE_CALL_WAIT),
