@@ -31,7 +31,9 @@ What it does:
   head's cost per node: its RSS after explore less its RSS before, per node;
   its CPU while exploring, per node; its CPU while the N agents sit idle
   (IDLE_S seconds after explore: no per-node timers means about zero); its
-  CPU per `e true`.
+  CPU per `e true`; and the agents' own CPU per `e true` (the first after
+  explore apart), summed over every agent from /proc/PID/schedstat, which moves
+  less with other work on the machine than wall time does.
 * Medians over --reps (default 3) repetitions; `e true` over all its runs.
   --quick: one rep, no 256 (1,000 stays: it is the issue's case).
   --only hosts / --only local: that half alone (local: a bed without hosts).
@@ -201,8 +203,8 @@ class ExploreBench(Bench):
             # CPU each agent spent so far (its start-up: it has been idle since).
             # The agents are the Python processes with the session's tag: an ssh
             # client that started one has the tag in its command line too.
-            agents = [proc_cpu(p) for p in user_pids(self.user.uid) if _is_agent(proc_cmdline(p))]
-            agents = [c for c in agents if c is not None]
+            agent_pids = [p for p in user_pids(self.user.uid) if _is_agent(proc_cmdline(p))]
+            agents = [c for c in (proc_cpu(p) for p in agent_pids) if c is not None]
             if agents:
                 self.add(case + " agent cpu", statistics.median(agents))
                 self.add(case + " agent cpu mean", statistics.mean(agents))
@@ -218,8 +220,11 @@ class ExploreBench(Bench):
             self.add(case + " stat", dt)
             head.explored(case, want_nodes - 1)
             for i in range(E_RUNS):
+                c0 = _cpu_of(agent_pids)
                 dt, r = self.gxpc("e", "true")
-                self.add(case + (" e first" if i == 0 else " e"), dt)
+                key = case + (" e first" if i == 0 else " e")
+                self.add(key, dt)
+                self.add(key + " agents cpu", _cpu_of(agent_pids) - c0)
             head.ran(case, E_RUNS)
         finally:
             self.close_session(case + " quit")
@@ -409,6 +414,12 @@ class ExploreBench(Bench):
                           self.med(c + " quit") or 0, self.med(c + " quit drained") or 0))
         for n in LOCAL_CASES:
             c = "local%d" % n
+            if c + " e agents cpu" in self.samples:
+                out.append("  %-9s agents' own CPU per `e true`: the first after explore %.3f CPU-s, "
+                           "later ones %.3f (%.2f / %.2f ms an agent)"
+                           % (c, self.med(c + " e first agents cpu"), self.med(c + " e agents cpu"),
+                              1000 * self.med(c + " e first agents cpu") / n,
+                              1000 * self.med(c + " e agents cpu") / n))
             if c + " head rss KiB/node" not in self.samples:
                 continue
             out.append("  %-9s head per node: RSS %.1f KiB, CPU %.2f ms while exploring; head CPU "
@@ -509,6 +520,11 @@ class _NoMeter:
 def _is_agent(cmdline: str) -> bool:
     argv0 = cmdline.split(" ", 1)[0]
     return "gxp-agent" in cmdline and os.path.basename(argv0).startswith("python")
+
+
+def _cpu_of(pids: list) -> float:
+    """CPU seconds of these processes together (those gone count 0)."""
+    return sum(c for c in (proc_cpu(p) for p in pids) if c is not None)
 
 
 def _free_gib() -> float:

@@ -187,6 +187,7 @@ class Job:
         self.stdin_eof = False
         self.stdin_written = 0        # bytes written to the pipe, not yet acked
         self.status: Optional[int] = None    # Popen returncode once the process exited
+        self.watched = False          # its exit is watched (loop.watch_child)
         self.unacked = 0              # output bytes sent and not acknowledged
         self.credit = True            # False once unacked >= OUT_WINDOW
         self.reading = False
@@ -263,7 +264,6 @@ class JobRunner:
         self.watchdog.add(proc.pid)
         job = Job(self, key, proc)
         self.jobs[key] = job
-        self.loop.watch_child(proc.pid, lambda: self._child_event(job))
         self._set_reading(job)
         self._check_lingering()
 
@@ -355,12 +355,27 @@ class JobRunner:
                 self._set_reading(job)
 
     # -- exit ------------------------------------------------------------------
-    def _child_event(self, job: Job) -> None:
+    # A job's exit is watched (a pidfd in the loop) only once its output has
+    # closed and the shell had not exited yet, or while jobs are killed: the
+    # shell mostly exits as its output closes, and the watch cost every job
+    # four system calls and a loop event of its own (issue 27).
+    def _check_exit(self, job: Job) -> None:
         rc = job.proc.poll()
-        if rc is None:
+        if rc is not None:
+            if job.watched:
+                job.watched = False
+                self.loop.unwatch_child(job.proc.pid)
+            job.status = rc
+        elif not job.watched:
+            job.watched = True
+            self.loop.watch_child(job.proc.pid, lambda: self._child_event(job))
+
+    def _child_event(self, job: Job) -> None:
+        if job.status is not None:
+            return
+        self._check_exit(job)
+        if job.status is None:
             return       # a SIGCHLD for another child
-        self.loop.unwatch_child(job.proc.pid)
-        job.status = rc
         self._maybe_finish(job)
         if self._killing is not None and all(j.status is not None for j in self.jobs.values()):
             self._kill_done()
@@ -368,8 +383,12 @@ class JobRunner:
     def _maybe_finish(self, job: Job) -> None:
         # Done when the output is closed and the process has exited (in either
         # order: a background process may hold the output after the shell exits).
-        if job.open_fds or job.status is None or self.jobs.get(job.key) is not job:
+        if job.open_fds or self.jobs.get(job.key) is not job:
             return
+        if job.status is None:
+            self._check_exit(job)
+            if job.status is None:
+                return
         rc = job.status
         status = rc if rc >= 0 else 128 - rc
         self._close_stdin(job)
@@ -479,6 +498,9 @@ class JobRunner:
         for pgid in self._groups():
             _signal_group(pgid, signal.SIGTERM)
             _signal_group(pgid, signal.SIGCONT)
+        for job in list(self.jobs.values()):
+            if job.status is None:
+                self._check_exit(job)      # its exit ends the wait below
         if all(j.status is not None for j in self.jobs.values()):
             self.loop.call_later(0, self._kill_done)
         else:
@@ -500,7 +522,8 @@ class JobRunner:
     def close(self) -> None:
         """At exit: stop watching, let the watchdog go (it kills what is left)."""
         for job in self.jobs.values():
-            self.loop.unwatch_child(job.proc.pid)
+            if job.watched:
+                self.loop.unwatch_child(job.proc.pid)
         self.watchdog.close()
         self.spawner.close()
 
