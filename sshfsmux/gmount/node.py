@@ -371,11 +371,13 @@ class GMountNode(ChangeFeed, NodeSide):
         # of the feed to describe (no peer asked) and small files (hashed
         # here), the answer needs no thread: most recipes' end
         writer = bool(args.get("writer"))
-        if writer and not pending and export_scan.small(self.cfg.export, rels):
+        if writer and self._no_peer_asked(pending) and export_scan.small(self.cfg.export, rels):
             files = export_scan.describe(self.cfg.export, rels) if args.get("describe") else []
+            copies, gone = copies_of(self.fs, pending) if pending else ([], [])
+            self._requeue(gone)
             if self.fs is not None:
                 self.fs.forget_access(["/" + r.lstrip("/") for r in rels])
-            reply(True, "", {"files": files, "invalidated": 0, "copies": []})
+            reply(True, "", {"files": files, "invalidated": 0, "copies": copies})
             return
 
         def work() -> None:
@@ -402,6 +404,17 @@ class GMountNode(ChangeFeed, NodeSide):
             self.in_loop(reply, True, "", {"files": files, "invalidated": dropped,
                                            "copies": copies})
         self.peer_work.put(work)
+
+    def _no_peer_asked(self, rels: List[str]) -> bool:
+        """Describing `rels` for the feed asks no peer: the copy holds each
+        one's directory and names no other holder of it (a recipe's new
+        files, most of the time)."""
+        fs = self.fs
+        if not rels:
+            return True
+        if fs is None or fs.namespace is None:
+            return False
+        return all(fs._remote_holders("/" + r.lstrip("/")) == [] for r in rels)
 
     def adopt(self, args: Dict[str, Any], reply: Reply) -> None:
         """A complete, verified copy of a file of the mount (a transfer the head
