@@ -27,6 +27,7 @@ class NodeCall:
     call: str
     args: Dict[str, Any]
     wait: float                # seconds the job's node waits for the answer at most
+                               # (0: a `before` is sent, the job starts at once)
 
 
 @dataclass

@@ -3,7 +3,8 @@
 An `exec` may carry `before` and `after` (wire.NODE_CALL): a call this node
 makes to a role node of its own (a service on the job's host, such as its
 mount) before the job starts, and as it ends. The job starts once `before`
-is answered (whatever the answer); the job's end (`done` to the head, `exit`
+is answered (whatever the answer; with a `wait` of 0, at once: its answer
+is not waited for); the job's end (`done` to the head, `exit`
 to its client, in that order) waits for `after`'s answer, which goes to the
 head with `done`. Without them the head would make each call itself: a round
 trip between the head and this node on the job's way, twice per job.
@@ -56,6 +57,13 @@ class NodeCalls:
         if before is None:
             run()
             return
+        if float(before["wait"]) <= 0:      # a word to the role: not waited for
+            if self._below(before["node"]):
+                self.seq += 1
+                self.node.send(before["node"], {"op": "svc", "req": self.seq,
+                                                "call": before["call"], "args": before["args"]})
+            run()
+            return
         key = (src, msg["job"])
         self.held[key] = []
 
@@ -84,7 +92,7 @@ class NodeCalls:
 
     def call(self, spec: Dict[str, Any], done: Callable[[Answer], None]) -> None:
         role = spec["node"]
-        if not wire.is_descendant(role, self.node.id) or role == self.node.id:
+        if not self._below(role):
             done(_failed("%s is not below node %s" % (role, self.node.id)))
             return
         self.seq += 1
@@ -105,6 +113,9 @@ class NodeCalls:
         for req, p in list(self.pending.items()):
             if wire.is_descendant(p.role, child):
                 self._answer(req, _failed("%s is gone" % p.role))
+
+    def _below(self, role: str) -> bool:
+        return wire.is_descendant(role, self.node.id) and role != self.node.id
 
     def _answer(self, req: int, answer: Answer) -> None:
         p = self.pending.pop(req, None)

@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 # round per change, well inside the interactive bound (README: 100 ms); a
 # recipe's own changes go with its exit status (the "changed" call)
 COALESCE = 0.02
+# seconds a change waits while a recipe runs on this node (a `ready` said
+# so): its end takes the feed's names with it to the head (the `changed`
+# call), so they go out once, with make's order, instead of once at the
+# first change and again at the end; a long recipe's changes still go out
+RECIPE_HOLD = 1.0
 CHANGES_PAGE = 5000     # paths an answer describes; the rest wait for the next call
 MAX_PENDING = 100000    # paths kept between answers (more: the catalog misses some)
 
@@ -52,7 +57,9 @@ class ChangesWaiting:
         self.local: Set[str] = set()
         self.reply: Optional[Reply] = None
         self.armed = False
+        self.timer: Optional[int] = None
         self.last_flush = 0.0       # time.monotonic() of the last answer
+        self.recipes = 0            # recipes running here (ready .. changed), on the loop
 
 
 class ChangeFeed:
@@ -115,14 +122,33 @@ class ChangeFeed:
                 return
             w.armed = True
         # the first change after a quiet spell goes at once; a burst waits
-        # out COALESCE from the answer before it
+        # out COALESCE from the answer before it; while recipes run here,
+        # their ends take the changes (RECIPE_HOLD)
         wait = COALESCE - (time.monotonic() - w.last_flush)
-        self.node.loop.call_later(max(0.0, wait), self._flush_changes)
+        if w.recipes:
+            wait = max(wait, RECIPE_HOLD)
+        w.timer = self.node.loop.call_later(max(0.0, wait), self._flush_changes)
+
+    def recipe_started(self) -> None:       # the loop
+        self.changes_waiting.recipes += 1
+
+    def recipe_ended(self) -> None:         # the loop
+        """A recipe here ended (its `changed` took the feed's names): once
+        none runs, what waits goes out as it would have."""
+        w = self.changes_waiting
+        w.recipes = max(0, w.recipes - 1)
+        if w.recipes or not w.armed:
+            return
+        self.node.loop.cancel(w.timer)
+        with w.lock:
+            w.armed = False
+        self._arm()
 
     def _flush_changes(self) -> None:
         w = self.changes_waiting
         with w.lock:
             w.armed = False
+            w.timer = None
             w.last_flush = time.monotonic()
             reply, paths, local = w.reply, w.paths, w.local - w.paths
             if reply is None or not (paths or local):

@@ -288,6 +288,10 @@ class GMountNode(ChangeFeed, NodeSide):
         kernel's caches (that work is done in order). `pin`: the job's
         inputs, kept in the replica store until its end (pin_replicas)."""
         self._pin(args.get("pin") or [], True)
+        if args.get("job"):
+            self.recipe_started()
+        if args.get("notice"):      # its node does not wait: no answer (node_calls.py)
+            return
         if self.kcache is None:
             reply(True, "", {})
             return
@@ -371,6 +375,8 @@ class GMountNode(ChangeFeed, NodeSide):
         # of the feed to describe (no peer asked) and small files (hashed
         # here), the answer needs no thread: most recipes' end
         writer = bool(args.get("writer"))
+        if writer and args.get("job"):
+            self.recipe_ended()
         if writer and self._no_peer_asked(pending) and export_scan.small(self.cfg.export, rels):
             files = export_scan.describe(self.cfg.export, rels) if args.get("describe") else []
             copies, gone = copies_of(self.fs, pending) if pending else ([], [])

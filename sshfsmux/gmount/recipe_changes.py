@@ -238,7 +238,8 @@ class RecipeChanges:
                 rels.append(rel)
                 if any(self._host_of(n) != host for n in self.catalog.replicas(p)):
                     pins.append(rel)
-        args: Dict[str, Any] = {"paths": rels, "describe": True, "feed": False, "writer": True}
+        args: Dict[str, Any] = {"paths": rels, "describe": True, "feed": False, "writer": True,
+                                "job": True}
         if pins:
             args["unpin"] = pins
         calls = RecipeCalls(after=NodeCall(sid, "changed", args, NODE_CALL_WAIT),
@@ -294,9 +295,13 @@ class RecipeChanges:
         unanswered = False
         for _m, _nid, sid in here:
             unanswered = self.feed.send_now(sid) or unanswered
-        # nothing on its way to the mount, nothing to pin: no call at all
-        calls.before = NodeCall(calls.sid, "ready", {"pin": calls.pins}, NODE_CALL_WAIT) \
-            if unanswered or calls.pins else None
+        # the mount hears a recipe starts (its change feed waits for the
+        # recipe's end); the node waits for its answer only when something
+        # sent is on its way, or inputs are to be pinned
+        wait = unanswered or bool(calls.pins)
+        calls.before = NodeCall(calls.sid, "ready", {"pin": calls.pins, "job": True,
+                                                     "notice": not wait},
+                                NODE_CALL_WAIT if wait else 0.0)
         done()
 
     def _host_of(self, nid: str) -> Optional[str]:

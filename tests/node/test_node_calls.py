@@ -69,6 +69,18 @@ def test_a_job_starts_once_before_is_answered_and_its_frames_wait_for_it():
     assert not calls.hold("c1", {"op": "stdin", "job": 7, "data": b"", "eof": True})
 
 
+def test_a_before_with_no_wait_is_sent_and_the_job_starts_at_once():
+    node = _Node()
+    calls = NodeCalls(node)
+    started = []
+    calls.start("c1", _exec(5, before=_call("0.3.1", "ready", wait=0)), lambda: started.append(5))
+    assert started == [5] and node.sent[0][1]["call"] == "ready"
+    assert not calls.hold("c1", {"op": "kill", "job": 5, "sig": 15})    # it runs: nothing held
+    _reply(node, calls)             # its answer is dropped
+    calls.start("c1", _exec(6, before=_call("0.4.1", "ready", wait=0)), lambda: started.append(6))
+    assert started == [5, 6] and node.sent == []      # not below this node: not sent
+
+
 def test_after_is_made_as_the_job_ends_and_its_answer_goes_up():
     node = _Node()
     calls = NodeCalls(node)
