@@ -174,6 +174,9 @@ SCHEMA: Dict[str, Rec] = {
                      {"fold": Bool()}, open=True),
     "exec_report": Rec({"job": _JOB, "client": _ID, "groups": _GROUPS, "final": Bool()}, open=True),
     "exits": Rec({"job": _JOB, "groups": _GROUPS}, open=True),
+    # the head acted on a job's files (gxpc make's write-on-exit): its client
+    # may count the job's exit now
+    "settled": Rec({"job": _JOB}, open=True),
     "stdin": Rec({"job": _JOB, "data": Bytes(MAX_FRAME), "eof": Bool()}, open=True),
     "out": Rec({"job": _JOB, "fd": Choice(1, 2), "data": Bytes(MAX_FRAME)}, open=True),
     "exit": Rec({"job": _JOB, "status": Int(-(1 << 31), 1 << 31), "error": _TEXT}, open=True),

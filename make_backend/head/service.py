@@ -30,6 +30,7 @@ from gxpstyle.api.head_api import JobCalls
 from gxpstyle.api.interfaces import BcastAPI, ReplicaAPI, Shell
 from gxpstyle.api.services import Service, Verb
 from gxpstyle.protocol.schema import Bool, Int, ListOf, MapOf, Opt, Rec, Str
+from gxpstyle.protocol.wire import HEAD
 from make_backend.head.placement import Hints, NodeView, Placement
 from make_backend.head.slot_books import SlotBooks
 from make_backend.head.transfer_plan import INF, TransferPlanner
@@ -48,7 +49,6 @@ JOB_ARGS = Rec({"cmd": Str(1 << 20)},
 # how its inputs are copied to the nodes (transfer_plan.py).
 ENV_ARGS = Rec({"env": _ENV}, {"pull_threshold": Int(0, INF), "transfer_slots": Int(1, 64),
                                "pull_order": Str(8), "trace": Str(4096)})
-SETTLED_ARGS = Rec({"job": Int(0, 1 << 62)})
 # `gxpc make --home`: "plan" names the files to copy home, "done" once copied
 HOME_ARGS = Rec({"phase": Str(8)})
 # a file whose mtime is this much older than the make's start is an input
@@ -70,12 +70,6 @@ class Waiting:
     retry_at: Optional[float] = None   # when placement may decide otherwise
 
 
-@dataclass
-class Settling:
-    acted: bool = False
-    req: Optional[int] = None
-
-
 class MakeService(Service):
     name = "make"
 
@@ -93,7 +87,8 @@ class MakeService(Service):
         self.paths: Dict[Tuple[str, int], List[str]] = {}     # running recipe -> its paths
         # per make: when it began, and the paths its succeeded recipes named
         self.made: Dict[str, Tuple[float, Set[str]]] = {}
-        self.settling: Dict[Tuple[str, int], Settling] = {}
+        # recipes whose end the client hears of once the mounts acted (`settled`)
+        self.settling: Set[Tuple[str, int]] = set()
         self.calls: Dict[Tuple[str, int], JobCalls] = {}     # running recipe -> its node's calls
         self._timer: Optional[int] = None
         self._timer_at = 0.0
@@ -106,7 +101,7 @@ class MakeService(Service):
 
     def verbs(self) -> Dict[str, Verb]:
         return {"job": Verb(self.req_job, JOB_ARGS), "env": Verb(self.req_env, ENV_ARGS),
-                "settled": Verb(self.req_settled, SETTLED_ARGS), "home": Verb(self.req_home, HOME_ARGS)}
+                "home": Verb(self.req_home, HOME_ARGS)}
 
     def req_env(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         if args.get("trace") and not str(args["trace"]).startswith("/"):
@@ -128,8 +123,7 @@ class MakeService(Service):
         self.made.pop(client, None)
         self.bases.pop(client, None)
         self.waiting = [w for w in self.waiting if w.cid != client]
-        for key in [k for k in self.settling if k[0] == client]:
-            del self.settling[key]
+        self.settling = {k for k in self.settling if k[0] != client}
         for key in [k for k in self.calls if k[0] == client]:
             self.replicas.forget_calls(self.calls.pop(key))
         for key in self.transfers.client_closed(client):   # recipes that never started
@@ -269,7 +263,7 @@ class MakeService(Service):
         head.reply(cid, req, 0, dict(why, job=job, node=nid, name=name, settle=settle))
         if settle:
             self.paths[(cid, job)] = paths
-            self.settling[(cid, job)] = Settling()
+            self.settling.add((cid, job))
         self.slot_books.started((cid, job), nid, slots)
 
         def start() -> None:      # once the inputs it lacks are on its node
@@ -346,22 +340,12 @@ class MakeService(Service):
         self._demand_changed()
 
     def _acted(self, key: Tuple[str, int]) -> None:
-        s = self.settling.get(key)
-        if s is None:
-            return
-        s.acted = True
-        if s.req is not None:
-            del self.settling[key]
-            self.head.reply(key[0], s.req, 0, {})
-
-    def req_settled(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        key = (cid, args["job"])
-        s = self.settling.get(key)
-        if s is None or s.acted:
-            self.settling.pop(key, None)
-            self.head.reply(cid, req, 0, {})
-            return
-        s.req = req
+        """The mounts acted on the recipe's files: its client may count its
+        exit now (it waits for this `settled`, which may come before the
+        exit itself)."""
+        if key in self.settling:
+            self.settling.discard(key)
+            self.head.tell_client(key[0], HEAD, {"op": "settled", "job": key[1]})
 
     # -- results home (gxpc make --home) ------------------------------------------------
     def req_home(self, cid: str, req: int, args: Dict[str, Any]) -> None:

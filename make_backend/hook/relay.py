@@ -136,6 +136,7 @@ class Recipe:
         self.stdin = False                  # which we are reading for the job now
         self.settle = False                 # the head acts on its files before its exit counts
         self.exit: Optional[Tuple[int, str]] = None   # the exit, held until the head says settled
+        self.settled = False                # the head said so (before the exit came)
 
 
 class Relay:
@@ -160,6 +161,7 @@ class Relay:
         self.progress_timer: Optional[int] = None
         self.by_fd: Dict[int, Recipe] = {}
         self.by_req: Dict[int, Recipe] = {}
+        self.unsettled: Dict[int, Recipe] = {}    # job -> a recipe that ended, until `settled`
         self.by_job: Dict[int, Recipe] = {}
         self.by_stdin: Dict[int, Recipe] = {}
         self.joblog = joblog                 # a text file (--joblog), or None
@@ -288,6 +290,7 @@ class Relay:
             r.req = None
         if r.job is not None:
             self.by_job.pop(r.job, None)
+            self.unsettled.pop(r.job, None)
         r.conn.close()
         for f in r.fds:
             os.close(f)
@@ -435,9 +438,6 @@ class Relay:
             if r is None:
                 return
             r.req = None
-            if r.exit is not None:        # the head has acted on the recipe's files
-                self._finish(r, *r.exit)
-                return
             if msg["status"]:
                 self._finish(r, EXIT_NO_RUN, msg["result"].get("error", "no node for the recipe"))
                 return
@@ -471,16 +471,24 @@ class Relay:
                           % (label_of(r.argv), error, r.name))
                 r.avoid.append(r.node)
                 r.node = r.job = None
+                r.settled = False
                 self._submit(r)
                 return
-            if r.settle:
+            if r.settle and not r.settled:
                 # write-on-exit: make hears the status once every mount shows
                 # the recipe's files as they are now (head/service.py)
                 r.exit = (msg["status"], error)
-                r.req = self._request("settled", {"job": r.job})
-                self.by_req[r.req] = r
+                self.unsettled[msg["job"]] = r
                 return
             self._finish(r, msg["status"], error)
+        elif op == "settled" and src == wire.HEAD:
+            r = self.unsettled.pop(msg["job"], None)
+            if r is not None and r.exit is not None:
+                self._finish(r, *r.exit)
+                return
+            r = self.by_job.get(msg["job"])
+            if r is not None:             # before its exit came
+                r.settled = True
 
     def _explain(self, r: Recipe, res: Dict[str, Any]) -> None:
         self._clear_progress()
@@ -553,7 +561,8 @@ class Relay:
         self.dead = why
         self.out = bytearray()
         self.loop.remove_reader(self.c.sock.fileno())
-        for r in list(self.by_req.values()) + list(self.by_job.values()):
+        for r in (list(self.by_req.values()) + list(self.by_job.values())
+                  + list(self.unsettled.values())):
             if r.exit is not None:     # it ran; only the settling is lost
                 self._finish(r, *r.exit)
             else:

@@ -80,7 +80,6 @@ VERB_FIELDS = {
             "slots": st.sampled_from([0, 1, 2, 4096, 4097, -1, "2", None]),
             "dp": st.one_of(junk, st.sampled_from(["local", "collocation:g"]))},
     "where": {"paths": st.one_of(junk, path_like, st.just(["/tmp/x"]))},
-    "settled": {"job": st.sampled_from([0, 1, -1, 1 << 63, "1", None])},
     "home": {"phase": st.one_of(junk, st.sampled_from(["plan", "done", "x", ""]))},
     "env": {"env": env_like,
             "pull_threshold": st.sampled_from([-1, 0, 1 << 62, (1 << 62) + 1, "8M", None, 1.5]),
