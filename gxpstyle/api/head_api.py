@@ -89,6 +89,10 @@ class HeadAPI(Protocol):
     def is_up(self, nid: str) -> bool: ...
     def name_of(self, nid: str) -> str:
         """What users call node `nid`: its name, or its id once it left the tree."""
+    def site_of(self, nid: str) -> Optional[str]:
+        """The id of the gateway whose site (a cluster behind it, derived from
+        the `use` rules explore followed: gxpstyle/head/sites.py) holds node
+        `nid`, or None: the head, and every node of a flat network."""
 
     # -- the session --------------------------------------------------------
     def session_env(self) -> Env:

@@ -254,6 +254,11 @@ class TransferPlanner:
             holders.sort(key=_id_key)
         else:
             self.rng.shuffle(holders)
+        site = self.head.site_of(first.node)
+        if site is not None:
+            # a holder in the targets' site first: a file that crossed the WAN
+            # once spreads inside the site (gxpstyle/head/sites.py)
+            holders.sort(key=lambda n: self.head.site_of(n) != site)
         if not holders:
             for n in group:
                 self._finish(n, "no holder is up")

@@ -183,8 +183,12 @@ class GMountService(RecipeChanges, Service):
             self._mount_all(m)
 
     def _mount_all(self, m: Mount) -> None:
+        # each node's site (gxpstyle/head/sites.py): another site's files are
+        # read through the reader's site proxies (site_cache.py)
+        site = {nid: self.head.site_of(nid) or "" for nid in m.services}
         peers = [{"node": self._name(nid), "id": nid, "addrs": m.infos[sid].get("addrs", []),
-                  "port": m.infos[sid].get("port", 0)} for nid, sid in m.services.items()]
+                  "port": m.infos[sid].get("port", 0), "site": site[nid]}
+                 for nid, sid in m.services.items()]
         if not m.services:
             self._finish_mount(m)
             return
@@ -192,8 +196,8 @@ class GMountService(RecipeChanges, Service):
         for nid, sid in m.services.items():
             def mounted(ok: bool, error: str, result: Dict[str, Any], nid: str = nid) -> None:
                 self._mounted(m, nid, ok, error)
-            self.head.call_role(sid, "mount", {"peers": [p for p in peers if p["id"] != nid]},
-                                   mounted)
+            self.head.call_role(sid, "mount", {"peers": [p for p in peers if p["id"] != nid],
+                                               "site": site[nid]}, mounted)
 
     def _mounted(self, m: Mount, nid: str, ok: bool, error: str) -> None:
         if ok:

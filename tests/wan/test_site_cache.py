@@ -1,0 +1,82 @@
+"""Site caches on the sites bed (issue 28): a file only site a holds, read
+at once by the 4 hosts of site b, crosses the WAN about once (through site
+b's proxy: sshfsmux/gmount/site_cache.py), not 4 times; every reader gets
+the same bytes. Without the caches the
+router would carry 4 copies (each reader fetched it along the tree)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pwd
+import subprocess
+import threading
+import time
+
+import pytest
+from sites_bed import SITES, sites_bed
+from test_sites_mount import mounted_sites, on
+
+pytestmark = pytest.mark.testbed
+
+MIB = 1 << 20
+SIZE = 4 * MIB
+
+
+@pytest.fixture(scope="module")
+def bed():
+    with sites_bed("gxpwc", fuse=True) as b:
+        yield b
+
+
+def put_bytes(bed, host, export, rel, data):
+    """A file in `host`'s export, written there directly (only that host holds it)."""
+    pw = pwd.getpwnam(next(iter(bed.users)))
+    path = os.path.join(bed.host(host).tmp_dir, os.path.basename(export), rel)
+    with open(path, "wb") as f:
+        f.write(data)
+    os.chown(path, pw.pw_uid, pw.pw_gid)
+
+
+def router_tx_bytes(bed) -> int:
+    """Bytes the WAN's router sent on all its links (as benchmarks/wan.py counts)."""
+    r = subprocess.run(["ip", "-n", bed.router_ns, "-s", "-j", "link"],
+                       capture_output=True, text=True, check=True)
+    return sum(link.get("stats64", {}).get("tx", {}).get("bytes", 0) for link in json.loads(r.stdout))
+
+
+def wait_visible(bed, hosts, path, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    for host in hosts:
+        while on(bed, host, "test -s %s" % path).returncode != 0:
+            assert time.monotonic() < deadline, "%s not visible on %s" % (path, host)
+            time.sleep(0.2)
+
+
+def test_a_file_read_by_a_whole_site_crosses_the_wan_once(bed):
+    readers = SITES["sb"]
+    data = os.urandom(SIZE)
+    want = hashlib.sha256(data).hexdigest()
+    with mounted_sites(bed) as (g, export, mnt):
+        put_bytes(bed, "sa01", export, "only_sa01.bin", data)
+        path = os.path.join(mnt, "only_sa01.bin")
+        wait_visible(bed, readers, path)
+        router0 = router_tx_bytes(bed)
+        got = {}
+
+        def read(host):
+            got[host] = on(bed, host, "sha256sum < %s" % path, timeout=120)
+        threads = [threading.Thread(target=read, args=(h,)) for h in readers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for host in readers:
+            r = got[host]
+            assert r.returncode == 0 and r.stdout.split()[0] == want, (host, r.stderr)
+        # one copy crosses two WAN links (site a -> head -> site b, the tree's
+        # way): about 2 x SIZE on the router; 4 readers fetching it themselves
+        # would be 8 x SIZE
+        router = router_tx_bytes(bed) - router0
+        print("WAN bytes / file size: router %.2f" % (router / SIZE))
+        assert 1.9 * SIZE < router < 3.0 * SIZE, router / SIZE
