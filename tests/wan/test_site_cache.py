@@ -1,7 +1,7 @@
 """Site caches on the sites bed (issue 28): a file only site a holds, read
 at once by the 4 hosts of site b, crosses the WAN about once (through site
 b's proxy: sshfsmux/gmount/site_cache.py), not 4 times; every reader gets
-the same bytes. Without the caches the
+the same bytes; `gxpc stat` counts what crossed. Without the caches the
 router would carry 4 copies (each reader fetched it along the tree)."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import pwd
+import re
 import subprocess
 import threading
 import time
@@ -45,6 +46,13 @@ def router_tx_bytes(bed) -> int:
     return sum(link.get("stats64", {}).get("tx", {}).get("bytes", 0) for link in json.loads(r.stdout))
 
 
+def stat_wan_bytes(g) -> int:
+    r = g.ok("stat")
+    m = re.search(r"^WAN: (\d+) bytes between sites \(site ga: .*site gb: .*\)$", r.stdout, re.M)
+    assert m, r.stdout
+    return int(m.group(1))
+
+
 def wait_visible(bed, hosts, path, seconds=30.0):
     deadline = time.monotonic() + seconds
     for host in hosts:
@@ -61,7 +69,7 @@ def test_a_file_read_by_a_whole_site_crosses_the_wan_once(bed):
         put_bytes(bed, "sa01", export, "only_sa01.bin", data)
         path = os.path.join(mnt, "only_sa01.bin")
         wait_visible(bed, readers, path)
-        router0 = router_tx_bytes(bed)
+        router0, stat0 = router_tx_bytes(bed), stat_wan_bytes(g)
         got = {}
 
         def read(host):
@@ -78,5 +86,7 @@ def test_a_file_read_by_a_whole_site_crosses_the_wan_once(bed):
         # way): about 2 x SIZE on the router; 4 readers fetching it themselves
         # would be 8 x SIZE
         router = router_tx_bytes(bed) - router0
-        print("WAN bytes / file size: router %.2f" % (router / SIZE))
         assert 1.9 * SIZE < router < 3.0 * SIZE, router / SIZE
+        counted = stat_wan_bytes(g) - stat0
+        print("WAN bytes / file size: router %.2f, gxpc stat %.2f" % (router / SIZE, counted / SIZE))
+        assert 1.9 * SIZE < counted < 3.0 * SIZE, counted / SIZE
