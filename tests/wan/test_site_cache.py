@@ -1,8 +1,8 @@
 """Site caches on the sites bed (issue 28): a file only site a holds, read
 at once by the 4 hosts of site b, crosses the WAN about once (through site
 b's proxy: sshfsmux/gmount/site_cache.py), not 4 times; every reader gets
-the same bytes; `gxpc stat` counts what crossed. Without the caches the
-router would carry 4 copies (each reader fetched it along the tree)."""
+the same bytes; `gxpc stat` counts what crossed. With `-o site_cache=off`
+the router carries 4 copies (each reader fetches it along the tree)."""
 from __future__ import annotations
 
 import hashlib
@@ -61,6 +61,22 @@ def wait_visible(bed, hosts, path, seconds=30.0):
             time.sleep(0.2)
 
 
+def read_at_once(bed, hosts, path):
+    """sha256 of `path` as each host read it, all at once."""
+    got = {}
+
+    def read(host):
+        got[host] = on(bed, host, "sha256sum < %s" % path, timeout=120)
+    threads = [threading.Thread(target=read, args=(h,)) for h in hosts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for host, r in got.items():
+        assert r.returncode == 0, (host, r.stderr)
+    return {host: r.stdout.split()[0] for host, r in got.items()}
+
+
 def test_a_file_read_by_a_whole_site_crosses_the_wan_once(bed):
     readers = SITES["sb"]
     data = os.urandom(SIZE)
@@ -70,23 +86,28 @@ def test_a_file_read_by_a_whole_site_crosses_the_wan_once(bed):
         path = os.path.join(mnt, "only_sa01.bin")
         wait_visible(bed, readers, path)
         router0, stat0 = router_tx_bytes(bed), stat_wan_bytes(g)
-        got = {}
-
-        def read(host):
-            got[host] = on(bed, host, "sha256sum < %s" % path, timeout=120)
-        threads = [threading.Thread(target=read, args=(h,)) for h in readers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for host in readers:
-            r = got[host]
-            assert r.returncode == 0 and r.stdout.split()[0] == want, (host, r.stderr)
+        assert read_at_once(bed, readers, path) == {h: want for h in readers}
         # one copy crosses two WAN links (site a -> head -> site b, the tree's
         # way): about 2 x SIZE on the router; 4 readers fetching it themselves
         # would be 8 x SIZE
         router = router_tx_bytes(bed) - router0
-        assert 1.9 * SIZE < router < 3.0 * SIZE, router / SIZE
         counted = stat_wan_bytes(g) - stat0
         print("WAN bytes / file size: router %.2f, gxpc stat %.2f" % (router / SIZE, counted / SIZE))
+        assert 1.9 * SIZE < router < 3.0 * SIZE, router / SIZE
         assert 1.9 * SIZE < counted < 3.0 * SIZE, counted / SIZE
+        # the same on a mount without site caches: every reader's own copy
+        export2, mnt2 = export + "-off", mnt + "-off"
+        g.ok("e", "mkdir -p %s %s" % (export2, mnt2))
+        try:
+            g.ok("mount", export2, mnt2, "-o", "site_cache=off", timeout=300)
+            put_bytes(bed, "sa01", export2, "only_sa01.bin", data)
+            path = os.path.join(mnt2, "only_sa01.bin")
+            wait_visible(bed, readers, path)
+            router0 = router_tx_bytes(bed)
+            assert read_at_once(bed, readers, path) == {h: want for h in readers}
+            router = router_tx_bytes(bed) - router0
+            print("without site caches: router %.2f" % (router / SIZE))
+            assert router > 7.5 * SIZE, router / SIZE
+        finally:
+            g.run("umount", mnt2, timeout=120)
+            g.run("e", "rm -rf %s %s" % (export2, mnt2), timeout=120)
