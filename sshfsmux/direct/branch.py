@@ -68,6 +68,42 @@ def tree_way(host: Any, node_id: Optional[str], port: int,
     return through_tree
 
 
+class _Resuming(ReadHandle):
+    """A reader of a file streaming in from a site proxy: if that stream fails
+    (the proxy died mid-read), the holder itself serves the rest, at the same
+    version (another version would mix two files: EIO)."""
+
+    def __init__(self, inner: ReadHandle, version: Tuple[int, ...],
+                 reopen: Callable[[], Tuple[ReadHandle, Tuple[int, ...], Any]],
+                 stats: Dict[str, int]) -> None:
+        self.inner, self.version, self.reopen, self.stats = inner, version, reopen, stats
+        self.lock = threading.Lock()
+        self.resumed = False
+
+    def read(self, size: int, offset: int) -> bytes:
+        inner = self.inner
+        try:
+            return inner.read(size, offset)
+        except OSError:
+            with self.lock:
+                if self.inner is inner:          # not resumed by another reader meanwhile
+                    if self.resumed:
+                        raise
+                    self.resumed = True
+                    fresh, version, _fetch = self.reopen()
+                    if tuple(version) != tuple(self.version):
+                        fresh.close()
+                        raise _oserror(errno.EIO, "the file changed while its proxy failed")
+                    self.inner = fresh
+                    self.stats["resumed"] = self.stats.get("resumed", 0) + 1
+                    inner.close()
+                fresh = self.inner
+            return fresh.read(size, offset)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 # --- the branch -----------------------------------------------------------------
 
 class DirectBranch(Branch):
@@ -321,11 +357,15 @@ class DirectBranch(Branch):
         proxy = self.site_proxy(rel) if self.site_proxy is not None else None
         if proxy is not None:
             try:
-                return self.open_versioned(path, via=proxy)[0]
+                handle, version, fetch = self.open_versioned(path, via=proxy)
             except OSError:
                 # the site's proxy is gone or failed: the holder itself serves
                 # (WAN bytes, never a failed read: site_cache.py)
                 self.stats["proxy_failed"] = self.stats.get("proxy_failed", 0) + 1
+            else:
+                if fetch is None:
+                    return handle
+                return _Resuming(handle, version, lambda: self.open_versioned(path), self.stats)
         return self.open_versioned(path)[0]
 
     def open_versioned(self, path: str, via: Optional[DirectBranch] = None

@@ -2,7 +2,9 @@
 at once by the 4 hosts of site b, crosses the WAN about once (through site
 b's proxy: sshfsmux/gmount/site_cache.py), not 4 times; every reader gets
 the same bytes; `gxpc stat` counts what crossed. With `-o site_cache=off`
-the router carries 4 copies (each reader fetches it along the tree)."""
+the router carries 4 copies (each reader fetches it along the tree). A
+proxy killed in the middle of a read leaves the rest to the holder: the read
+completes with the right bytes."""
 from __future__ import annotations
 
 import hashlib
@@ -10,6 +12,7 @@ import json
 import os
 import pwd
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -17,6 +20,8 @@ import time
 import pytest
 from sites_bed import SITES, sites_bed
 from test_sites_mount import mounted_sites, on
+
+from sshfsmux.gmount.site_cache import pick_proxy
 
 pytestmark = pytest.mark.testbed
 
@@ -111,3 +116,43 @@ def test_a_file_read_by_a_whole_site_crosses_the_wan_once(bed):
         finally:
             g.run("umount", mnt2, timeout=120)
             g.run("e", "rm -rf %s %s" % (export2, mnt2), timeout=120)
+
+
+def partial_replica(bed, host, at_least):
+    """Whether a replica download of at least `at_least` bytes is under way on `host`."""
+    for top, _dirs, files in os.walk(bed.host(host).tmp_dir):
+        for name in files:
+            if name.startswith(".tmp-") and name.endswith(".part"):
+                try:
+                    if os.path.getsize(os.path.join(top, name)) >= at_least:
+                        return True
+                except OSError:
+                    pass
+    return False
+
+
+def test_a_proxy_killed_mid_read_leaves_the_rest_to_the_holder(bed):
+    size = 8 * MIB
+    data = os.urandom(size)
+    want = hashlib.sha256(data).hexdigest()
+    proxies = ["gb"] + SITES["sb"]
+    # a file site b reads through sb02 (every reader picks the same proxy)
+    rel = next("killed-%d.bin" % i for i in range(1000)
+               if pick_proxy(proxies, "sa01", "killed-%d.bin" % i) == "sb02")
+    with mounted_sites(bed) as (g, export, mnt):
+        put_bytes(bed, "sa01", export, rel, data)
+        path = os.path.join(mnt, rel)
+        wait_visible(bed, ["sb01"], path)
+        m = re.search(r"gmount@sb02 \(sb02\) \[gmount\] up pid=(\d+)", g.ok("stat").stdout)
+        assert m, "no mount service on sb02"
+        got = {}
+        reader = threading.Thread(target=lambda: got.update(r=on(bed, "sb01", "sha256sum < %s" % path)))
+        reader.start()
+        deadline = time.monotonic() + 60
+        while not partial_replica(bed, "sb02", MIB):
+            assert time.monotonic() < deadline and reader.is_alive(), "sb02 never fetched it"
+            time.sleep(0.05)
+        os.kill(int(m.group(1)), signal.SIGKILL)
+        reader.join()
+        r = got["r"]
+        assert r.returncode == 0 and r.stdout.split()[0] == want, r.stderr
