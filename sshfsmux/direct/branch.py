@@ -231,16 +231,18 @@ class DirectBranch(Branch):
         for rel in rels:
             self.cache.invalidate(self.replica_key(rel))
 
+    def version(self, path: str) -> Tuple[int, ...]:
+        """The export's version of `path` now (what read_file's `have` compares)."""
+        r = self._do("version", path=_rel(path))
+        try:
+            return tuple(int(r[k]) for k in HAVE_KEYS)
+        except (TypeError, KeyError, ValueError):
+            raise _oserror(errno.EIO, "bad reply")
+
     def adopt(self, path: str, file: str) -> Optional[str]:
         """Make `file` (a complete copy of `path` on this host) this branch's
         replica of it, at the version the export has now; its path, or None."""
-        rel = _rel(path)
-        r = self._do("version", path=rel)
-        try:
-            version = tuple(int(r[k]) for k in HAVE_KEYS)
-        except (TypeError, KeyError, ValueError):
-            raise _oserror(errno.EIO, "bad reply")
-        return self.cache.adopt(self.replica_key(rel), version, file)
+        return self.cache.adopt(self.replica_key(_rel(path)), self.version(path), file)
 
     # -- Branch ----------------------------------------------------------------
     def getattr(self, path: str) -> Dict[str, Any]:

@@ -106,8 +106,8 @@ class ExportServer:
         self.stats: Dict[str, Any] = {"calls": collections.Counter(), "connections": 0,
                                         "refused": 0, "dropped": 0}
         self.closed = False
-        # (node, path) -> (reader, version, fetch) through this host's mount: a site proxy's
-        self.peer_source: Optional[Callable[[str, str], Any]] = None
+        # (node, path, have) -> (reader, version, fetch) through this host's mount: a site proxy's
+        self.peer_source: Optional[Callable[[str, str, Any], Any]] = None
         label = fs_protocol.LABEL if cipher else fs_protocol.LABEL_PLAIN
         keys = {label: key}
         try:

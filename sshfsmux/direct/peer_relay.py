@@ -12,7 +12,7 @@ settled there. The reader files the copy under the holder's name and version,
 as if it had come from the holder.
 
 The proxy reads the file through its own mount's branch to the holder
-(`ExportServer.peer_source(node, path)`, which the GMount node sets): from its
+(`ExportServer.peer_source(node, path, have)`, which the GMount node sets): from its
 replica store when the holder says it is unchanged, else one fetch over the
 WAN that every reader of the site joins while it runs. That read waits on the
 WAN, so each read_peer runs on a thread of its own, never on the connection's
@@ -63,7 +63,7 @@ class _Relay:
         handle = None
         try:
             try:
-                handle, meta, fetch = source(node, path)
+                handle, meta, fetch = source(node, path, have)
             except OSError as e:
                 self.send(fs_protocol.reply_frame(self.req, e.errno or errno.EIO, None))
                 return

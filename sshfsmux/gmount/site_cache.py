@@ -104,14 +104,21 @@ def attach(branches: List[Any], own_name: str, own_site: str,
     return proxies
 
 
-def peer_source(fs_of: Callable[[], Any]) -> Callable[[str, str], Any]:
+def peer_source(fs_of: Callable[[], Any]) -> Callable[[str, str, Any], Any]:
     """The export server's read_peer source (peer_relay.py): this mount's
     branch to `node` reads `path` (from the replica store, or one fetch that
-    the site's readers share); never through another proxy."""
-    def source(node: str, path: str) -> Any:
+    the site's readers share); never through another proxy. A reader that
+    holds the file already (a copy make's transfers placed there) while this
+    store does not is answered from the holder's version alone: no fetch of
+    a file nobody here reads."""
+    def source(node: str, path: str, have: Any) -> Any:
         fs = fs_of()
         for b in (fs.branches if fs is not None else []):
             if not b.local and str(b.node) == node and hasattr(b, "open_versioned"):
+                if have is not None and b.cache.current(b.replica_key(path)) is None:
+                    version = b.version("/" + path)
+                    if tuple(version) == tuple(have):
+                        return None, version, None
                 return b.open_versioned("/" + path)
         raise OSError(errno.ENOENT, "no branch of %s here" % node)
     return source
