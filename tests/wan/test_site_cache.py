@@ -39,6 +39,9 @@ def put_bytes(bed, host, export, rel, data):
     """A file in `host`'s export, written there directly (only that host holds it)."""
     pw = pwd.getpwnam(next(iter(bed.users)))
     path = os.path.join(bed.host(host).tmp_dir, os.path.basename(export), rel)
+    if not os.path.isdir(os.path.dirname(path)):
+        os.makedirs(os.path.dirname(path))
+        os.chown(os.path.dirname(path), pw.pw_uid, pw.pw_gid)
     with open(path, "wb") as f:
         f.write(data)
     os.chown(path, pw.pw_uid, pw.pw_gid)
@@ -156,3 +159,40 @@ def test_a_proxy_killed_mid_read_leaves_the_rest_to_the_holder(bed):
         reader.join()
         r = got["r"]
         assert r.returncode == 0 and r.stdout.split()[0] == want, r.stderr
+
+
+MAKEFILE = """\
+all: o1 o2 o3 o4
+o%: in% ref
+\tcat ref in$* | sha256sum > $@
+"""
+
+
+def test_make_pushes_an_input_to_a_site_across_the_wan_once(bed):
+    # 4 recipes placed in site b (each near its own 8 MiB input) read one 4 MiB
+    # reference only sa01 holds: the planned transfers bring it over the WAN
+    # once, then spread it inside the site
+    ref = os.urandom(SIZE)
+    ins = {i: os.urandom(2 * SIZE) for i in range(1, 5)}
+    with mounted_sites(bed) as (g, export, mnt):
+        work = os.path.join(mnt, "work")
+        put_bytes(bed, "sa01", export, "work/ref", ref)
+        for i, data in ins.items():
+            put_bytes(bed, "sb%02d" % i, export, "work/in%d" % i, data)
+        wait_visible(bed, ["sb01"], os.path.join(work, "ref"))
+        r = bed.run_as(g.user, ["sh", "-c", 'cat > "$0"/Makefile', work], input=MAKEFILE,
+                       capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        for i in ins:
+            wait_visible(bed, ["sb01"], os.path.join(work, "in%d" % i))
+        router0 = router_tx_bytes(bed)
+        r = g.run("make", "-j", "4", "--explain-placement", cwd=work, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        router = router_tx_bytes(bed) - router0
+        print("make: WAN bytes / reference size: router %.2f" % (router / SIZE))
+        for i, data in ins.items():
+            want = hashlib.sha256(ref + data).hexdigest()
+            got = on(bed, "sb01", "cat %s/o%d" % (work, i))
+            assert got.returncode == 0 and got.stdout.split()[0] == want, (i, got.stderr)
+        assert all("sb%02d" % i in r.stderr for i in ins), r.stderr
+        assert router < 3.0 * SIZE, router / SIZE
