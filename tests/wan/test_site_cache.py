@@ -186,10 +186,17 @@ def test_make_pushes_an_input_to_a_site_across_the_wan_once(bed):
         for i in ins:
             wait_visible(bed, ["sb01"], os.path.join(work, "in%d" % i))
         router0 = router_tx_bytes(bed)
-        r = g.run("make", "-j", "4", "--explain-placement", cwd=work, timeout=300)
+        trace = os.path.join(os.path.dirname(g.session_dir), "trace.jsonl")
+        r = g.run("make", "-j", "4", "--explain-placement", "--trace=" + trace, cwd=work,
+                  timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
         router = router_tx_bytes(bed) - router0
-        print("make: WAN bytes / reference size: router %.2f" % (router / SIZE))
+        r_trace = bed.run_as(g.user, ["cat", trace], capture_output=True, text=True, timeout=60)
+        wan = [json.loads(line) for line in r_trace.stdout.splitlines() if '"wan"' in line]
+        assert len(wan) == 1 and set(wan[0]["sites"]) == {"ga", "gb"}, r_trace.stdout
+        print("make: WAN bytes / reference size: router %.2f, trace %.2f"
+              % (router / SIZE, wan[0]["bytes"] / SIZE))
+        assert 1.9 * SIZE < wan[0]["bytes"] < 3.0 * SIZE
         for i, data in ins.items():
             want = hashlib.sha256(ref + data).hexdigest()
             got = on(bed, "sb01", "cat %s/o%d" % (work, i))
