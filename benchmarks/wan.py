@@ -15,25 +15,34 @@ the links are unshaped. The checkout and the venv are hidden on the hosts; one
 ordinary user runs everything. A session explores the 18 hosts through the
 gateways and mounts an export on every node (head included).
 
-Cases (each reads a file of its own, written straight into sb01's export, so
-no replica of an earlier case serves it; the page cache is dropped before
-each read; `dd bs=1M` reads it sequentially):
-  home <- site b   ours: the head reads it through its GMount (sb01's export,
-                   along the tree: head -> gb -> sb01);
+Cases (each reads a file of its own, so no replica of an earlier case serves it;
+the page cache is dropped before each read; `dd bs=1M` reads it sequentially):
+  home <- site b   ours: the head reads a file of sb01's export through its
+                   GMount (along the tree: head -> gb -> sb01);
                    anchor: sshfs from the head to sb01 through gb (ssh -J gb),
                    its defaults: the path a user would take;
-  site a <- site b ours only: sa01 reads it through its GMount (along the
-                   tree, so through the head: the WAN twice, until site
-                   proxies), for scale against the same WAN.
+  site a <- site b ours only: sa01 reads a file of sb01's through its GMount
+                   (along the tree, so through the head: the WAN twice), for
+                   scale against the same WAN;
+  site a x8 <- home  the 8 hosts of site a read one file of the head's export at
+                   once (wall time until the last is done): ours through site
+                   a's caches (sshfsmux/gmount/site_cache.py), anchor the same
+                   read on a second mount with -o site_cache=off (each host
+                   fetches it itself);
+  bcast 16 hosts   `gxpc bcast` of a file of the head's, and of one of sb01's,
+                   to the 16 site hosts, against the time one copy takes over
+                   the WAN link (S/B; from home the head's own link, shaped
+                   like every WAN link, carries a copy for each site: 2 S/B).
 WAN bytes: the router's transmitted bytes (every interface, `ip -s link` in its
-namespace) over each read, against the file size: what the WAN carried for it,
+namespace) over each case, against the file size: what the WAN carried for it,
 headers, TLS and the protocol included.
 
-Prints per case: seconds (median of --reps), MB/s, the ratio ours/anchor
-(higher is better), the WAN's share of its rate, and WAN bytes / file size.
-Defaults: 64 MiB, --reps 1 (a pass is at least 27 s at 20 Mbit/s); --quick:
-16 MiB. Everything is cleaned up whatever happens (the sshfs mount, the
-session, the bed, /dev/fuse's mode). Standard library only, plus tests/testbed/
+Prints per case: seconds (median of --reps), MB/s (of one copy), the ratio
+ours/anchor (higher is better), the WAN's share of its rate, and WAN bytes /
+file size. Defaults: 64 MiB, --reps 1 (a pass is several minutes at 20 Mbit/s,
+the anchor of the site case alone 8 copies over the WAN); --quick: 16 MiB.
+Everything is cleaned up whatever happens (the sshfs mount, the session, the
+bed, /dev/fuse's mode). Standard library only, plus tests/testbed/
 and benchmarks/bench_harness.py.
 """
 from __future__ import annotations
@@ -44,6 +53,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -67,6 +77,9 @@ class WanBench(Bench):
         tag = uuid.uuid4().hex[:6]
         self.top = "/var/tmp/gxpwan-%s" % tag
         self.export, self.mnt = "/tmp/wanexp-%s" % tag, "/tmp/wanmnt-%s" % tag
+        # the anchor of the site case: a second mount, without site caches
+        self.export2, self.mnt2 = "/tmp/wanexq-%s" % tag, "/tmp/wanmnu-%s" % tag
+        self.bcast_dest = "/tmp/wanbc-%s" % tag
         self.sshfs_mnt = os.path.join(self.top, "sshfs")
         self.mount_tag = tag
         self.mounted = self.sshfs_mounted = False
@@ -93,9 +106,10 @@ class WanBench(Bench):
         for src, dst in (("head", "ga gb"), ("ga", "sa*"), ("gb", "sb*")):
             self.gxpc("use", "ssh", src, dst)
         dt, _ = self.gxpc("explore", "ga", "gb", "sa[[01-08]]", "sb[[01-08]]")
-        self.gxpc("e", "mkdir -p %s %s" % (self.export, self.mnt))
-        self.gxpc("mount", self.export, self.mnt)
+        self.gxpc("e", "mkdir -p %s %s %s %s" % (self.export, self.mnt, self.export2, self.mnt2))
         self.mounted = True
+        self.gxpc("mount", self.export, self.mnt)
+        self.gxpc("mount", self.export2, self.mnt2, "-o", "site_cache=off")
         log("sites bed up (2 x 8 hosts, WAN %d Mbit/s, %d ms RTT) in %.1fs, explored in %.1fs"
             % (WAN_MBIT, WAN_RTT_MS, time.monotonic() - t0, dt))
 
@@ -105,9 +119,9 @@ class WanBench(Bench):
         if self.session is None:
             return
         if self.mounted:
-            self.guarded("unmounting", self.gxpc, "umount", self.mnt)
+            self.guarded("unmounting", self.gxpc, "umount")
         self.guarded("quitting", self.quit_session)
-        for d in (self.export, self.mnt):
+        for d in (self.export, self.mnt, self.export2, self.mnt2, self.bcast_dest):
             self.guarded("removing " + d, subprocess.run, ["rm", "-rf", "--one-file-system", d])
 
     # -- helpers -------------------------------------------------------------------
@@ -122,11 +136,15 @@ class WanBench(Bench):
             raise BenchError("%s failed (%d): %s" % (" ".join(argv), r.returncode, r.stderr.strip()))
         return r
 
-    def new_file(self) -> str:
-        """A random file of --size in sb01's export (only sb01 holds it); its name."""
+    def new_file(self, host: str | None = "sb01", export: str | None = None) -> str:
+        """A random file of --size in `host`'s export (the head's: None; only
+        that host holds it); its name."""
         self.files += 1
         name = "big-%d" % self.files
-        path = os.path.join(self.bed.host("sb01").tmp_dir, os.path.basename(self.export), name)
+        export = export or self.export
+        top = self.bed.host(host).tmp_dir if host is not None else "/"
+        path = os.path.join(top, export.lstrip("/") if host is None else os.path.basename(export),
+                            name)
         with open(path, "wb") as f:
             for _ in range(self.size // MIB):
                 f.write(os.urandom(MIB))
@@ -161,6 +179,55 @@ class WanBench(Bench):
                 raise BenchError("%s did not show on %s within 30 s" % (path, host or "the head"))
             time.sleep(0.2)
 
+    def site_read(self, key: str, path: str) -> None:
+        """The 8 hosts of site a read `path` at once: wall time until the last
+        is done, and WAN bytes."""
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        before, errors = self.wan_bytes(), []
+
+        def read(host: str) -> None:
+            try:
+                r = self.as_user(["dd", "if=" + path, "of=/dev/null", "bs=1M"], host)
+                if "%d bytes" % self.size not in r.stderr:
+                    errors.append("%s: %s" % (host, r.stderr.strip()))
+            except BenchError as e:
+                errors.append(str(e))
+        threads = [threading.Thread(target=read, args=(h,)) for h in SITES["sa"]]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise BenchError("site read: %s" % "; ".join(errors))
+        self.add(key + " s", time.monotonic() - t0)
+        self.add(key + " wan", (self.wan_bytes() - before) / self.size)
+
+    def bcast(self, key: str, host: str | None) -> None:
+        """`gxpc bcast` of a new file on `host` (None: the head) to the 16 site hosts."""
+        top = self.bed.host(host).tmp_dir if host is not None else self.top
+        src = os.path.join(top, "bcast-src")
+        with open(src, "wb") as f:
+            for _ in range(self.size // MIB):
+                f.write(os.urandom(MIB))
+        os.chown(src, self.user.uid, self.user.gid)
+        before = self.wan_bytes()
+        where = src if host is None else "%s:/tmp/bcast-src" % host
+        dt, _ = self.gxpc("bcast", "--hosts", "sa[[01-08]] sb[[01-08]]", where, self.bcast_dest)
+        self.add(key + " s", dt)
+        self.add(key + " wan", (self.wan_bytes() - before) / self.size)
+        self.gxpc("e", "--hosts", "sa[[01-08]] sb[[01-08]]", "rm -f %s" % self.bcast_dest)
+        os.unlink(src)
+
+    def site_cases(self) -> None:
+        for key, export, mnt in (("sites ours", self.export, self.mnt),
+                                 ("sites off", self.export2, self.mnt2)):
+            name = self.new_file(None, export)
+            for host in SITES["sa"]:
+                self.wait_visible(os.path.join(mnt, name), host)
+            self.site_read(key, os.path.join(mnt, name))
+
     # -- the cases ---------------------------------------------------------------
     def run(self) -> None:
         export_b = self.export
@@ -175,25 +242,39 @@ class WanBench(Bench):
             name = self.new_file()
             self.wait_visible(os.path.join(self.mnt, name), "sa01")
             self.timed_read("site ours", os.path.join(self.mnt, name), "sa01")
-            log("rep %d: home ours %.1fs, sshfs %.1fs; site a ours %.1fs"
+            self.site_cases()
+            self.bcast("bcast", None)
+            self.bcast("bcast b", "sb01")
+            log("rep %d: home ours %.1fs, sshfs %.1fs; site a ours %.1fs; site a x8 %.1fs, "
+                "caches off %.1fs; bcast %.1fs"
                 % (rep + 1, self.samples["home ours s"][-1], self.samples["home sshfs s"][-1],
-                   self.samples["site ours s"][-1]))
+                   self.samples["site ours s"][-1], self.samples["sites ours s"][-1],
+                   self.samples["sites off s"][-1], self.samples["bcast s"][-1]))
 
     def report(self) -> None:
         mb = self.size / 1e6
         wan_mbs = WAN_MBIT / 8.0
-        print("sequential read of a %d MiB file of site b, WAN %d Mbit/s (%.2f MB/s), %d ms RTT;"
-              " medians of %d; load average %s" % (self.size // MIB, WAN_MBIT, wan_mbs, WAN_RTT_MS,
-                                                   self.reps, load_average()))
-        print("%-24s %9s %8s %9s %10s %14s" % ("case", "seconds", "MB/s", "vs sshfs", "of WAN",
+        print("reads of %d MiB files, WAN %d Mbit/s (%.2f MB/s), %d ms RTT; medians of %d;"
+              " load average %s" % (self.size // MIB, WAN_MBIT, wan_mbs, WAN_RTT_MS, self.reps,
+                                    load_average()))
+        print("%-38s %9s %8s %11s %8s %14s" % ("case", "seconds", "MB/s", "vs anchor", "of WAN",
                                               "WAN bytes/size"))
-        anchor = self.med("home sshfs s")
-        for key, label in (("home sshfs", "home <- b, sshfs (anchor)"), ("home ours", "home <- b, GMount"),
-                           ("site ours", "site a <- b, GMount")):
+        rows = [("home sshfs", "home <- b, sshfs (anchor)", "home sshfs"),
+                ("home ours", "home <- b, GMount", "home sshfs"),
+                ("site ours", "site a <- b, GMount", None),
+                ("sites off", "site a x8 <- home, caches off (anchor)", "sites off"),
+                ("sites ours", "site a x8 <- home, site caches", "sites off"),
+                ("bcast", "bcast home -> the 16 site hosts", None),
+                ("bcast b", "bcast sb01 -> the 16 site hosts", None)]
+        for key, label, anchor in rows:
             s = self.med(key + " s")
-            print("%-24s %9.2f %8.2f %9s %9.0f%% %14.2f" % (
-                label, s, mb / s, ratio_text(mb / anchor, mb / s), 100 * mb / s / wan_mbs,
-                self.med(key + " wan")))
+            versus = ratio_text(mb / self.med(anchor + " s"), mb / s) if anchor else ""
+            print("%-38s %9.2f %8.2f %11s %7.0f%% %14.2f" % (
+                label, s, mb / s, versus, 100 * mb / s / wan_mbs, self.med(key + " wan")))
+        # from home, the head's own link (wan_rate) carries a copy per site: 2 S/B at least
+        print("bcast: %.2fx (from home) and %.2fx (from sb01) the time one copy takes over "
+              "the WAN link (S/B)" % (self.med("bcast s") / (mb / wan_mbs),
+                                      self.med("bcast b s") / (mb / wan_mbs)))
         for line in self.noticed_lines():
             print(line)
 

@@ -90,6 +90,13 @@ class HeadAPI(Protocol):
     def is_up(self, nid: str) -> bool: ...
     def name_of(self, nid: str) -> str:
         """What users call node `nid`: its name, or its id once it left the tree."""
+    def wan_bytes(self) -> Dict[str, List[int]]:
+        """Bytes [in, out] so far over each site's gateway link to the head, by
+        the gateway's name (`gxpc stat`'s WAN line): what crossed between sites."""
+    def site_of(self, nid: str) -> Optional[str]:
+        """The id of the gateway whose site (a cluster behind it, derived from
+        the `use` rules explore followed: gxpstyle/head/sites.py) holds node
+        `nid`, or None: the head, and every node of a flat network."""
 
     # -- the session --------------------------------------------------------
     def session_env(self) -> Env:

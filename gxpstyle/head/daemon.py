@@ -278,10 +278,25 @@ class Head(Node):
                 continue
             rows.append([n.id, n.name, n.hostname, n.role or n.channel, n.role, n.state, n.reason,
                          n.pid, n.user, n.python, n.parent or "", n.slots])
-        result: Dict[str, Any] = {"node_fields": list(self.STAT_FIELDS), "node_rows": rows}
+        result: Dict[str, Any] = {"node_fields": list(self.STAT_FIELDS), "node_rows": rows,
+                                  "wan": self.wan_bytes()}
         for svc in self.services:
             result.update(svc.stat())
         self.reply(cid, req, 0, result)
+
+    def wan_bytes(self) -> Dict[str, List[int]]:
+        """Bytes in and out of each site (gxpstyle/head/sites.py) whose gateway
+        is the head's child, over the gateway's link: what crossed between the
+        sites and home along the tree (a frame routed from one site to another
+        counts on both). Direct connections between sites (a mount's data
+        channel to a gateway another site reaches) and sites deeper in the
+        tree are not counted here."""
+        out: Dict[str, List[int]] = {}
+        for child, link in self.children.items():
+            n = self.tree.get(child)
+            if n is not None and self.explorer.site_of(child) == child:
+                out[n.name] = [link.bytes_in, link.bytes_out]
+        return out
 
     # -- the tree --------------------------------------------------------------
     def new_req(self) -> int:

@@ -15,11 +15,11 @@ import collections
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 from gxpstyle.api.services import Service, Verb
 from gxpstyle.config import hostpattern, limits, use_rules
-from gxpstyle.head import spanning_tree
+from gxpstyle.head import sites, spanning_tree
 from gxpstyle.head.elastic import ElasticPools
 from gxpstyle.protocol import wire
 from gxpstyle.protocol.schema import Bool, Int, ListOf, MapOf, Num, Rec, Str
@@ -90,6 +90,10 @@ class ExploreService(Service):
         super().__init__(head)
         self.tree_host = head      # the explorer builds the tree: it may add to it
         self.rules: List[use_rules.UseRule] = []
+        # every rule an explore followed (`use`, a cluster file's, --local's):
+        # what sites are derived from (sites.py)
+        self.site_rules: List[use_rules.UseRule] = []
+        self._gateways: Tuple[Any, Set[str]] = (None, set())
         self.explorations: Dict[int, Exploration] = {}
         self.spawn_reqs: Dict[int, Tuple[Exploration, spanning_tree.Assignment, str]] = {}
         # Local bootstraps in flight per machine, and those waiting for a turn.
@@ -139,6 +143,9 @@ class ExploreService(Service):
                     local -= 1
                 i += 1
             rules.append(use_rules.make_rule("local", "*", "local*"))
+        for rule in rules:
+            if all(old.to_dict() != rule.to_dict() for old in self.site_rules):
+                self.site_rules.append(rule)
         ex = Exploration(cid, req, time.monotonic(), timeout=timeout, fanout=fanout,
                          host_settings=dict(args.get("host_settings") or {}))
         live_names = {n.name for n in head.nodes() if n.up}
@@ -192,6 +199,15 @@ class ExploreService(Service):
         return [spanning_tree.PlanNode("id:" + n.id, n.names() + (["head"] if n.id == wire.HEAD else []),
                                        n.id.count("."), children.get(n.id, 0), fanout)
                 for n in self.head.nodes() if n.up and not n.role]
+
+    def site_of(self, nid: str) -> Optional[str]:
+        """The gateway whose site holds node `nid`, or None (sites.py)."""
+        nodes = self.head.nodes()
+        # the gateways change only with the explored nodes or the rules
+        key = (tuple(n.id for n in nodes if not n.role), len(self.site_rules))
+        if self._gateways[0] != key:
+            self._gateways = (key, sites.gateways(nodes, self.head.node, self.site_rules))
+        return sites.site_of(nid, self.head.node, self._gateways[1])
 
     def spawn_agent(self, rule: use_rules.UseRule, target: str, timeout: float) -> Tuple[int, str, str]:
         """An elastic pool's agent `target`, by `rule`, under the best explored

@@ -89,6 +89,12 @@ class ServiceHost:
         n = self._head.tree.get(nid)
         return n.name if n is not None else nid
 
+    def site_of(self, nid: str) -> Optional[str]:
+        return self._head.explorer.site_of(nid)
+
+    def wan_bytes(self) -> Dict[str, List[int]]:
+        return self._head.wan_bytes()
+
     # -- the session ----------------------------------------------------------------
     def session_env(self) -> Env:
         shell = self.service(Shell)

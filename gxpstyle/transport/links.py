@@ -62,6 +62,9 @@ class Link:
         self.outq: deque[memoryview] = deque()
         self.queued = 0
         self.closed = False
+        # bytes read from and queued to the neighbour (`gxpc stat`'s WAN bytes)
+        self.bytes_in = 0
+        self.bytes_out = 0
         # The bootstrap bringing up the child at the other end, until it is ready.
         self.starting: Optional[ChildStart] = None
         self.congested = False
@@ -122,6 +125,7 @@ class Link:
         self._consume(data)
 
     def _consume(self, data: bytes) -> None:
+        self.bytes_in += len(data)
         try:
             frames = self.reader.feed(data)
         except wire.FrameError as e:
@@ -140,6 +144,7 @@ class Link:
         was_empty = not self.outq
         self.outq.append(memoryview(frame))
         self.queued += len(frame)
+        self.bytes_out += len(frame)
         if was_empty and not self._flush_due:
             self._flush_due = True
             self.loop.at_end(self._flush)

@@ -60,8 +60,8 @@ def _record(path: str, n: int, raw: bytes) -> Optional[Bar]:
         raise PlotError("%s:%d: not text (not a gxpc make --trace file)" % (path, n)) from None
     try:
         rec = json.loads(line)
-        if rec.get("kind") == "pool":
-            return None          # an elastic pool's change: not a bar
+        if rec.get("kind") in ("pool", "wan"):
+            return None          # an elastic pool's change, the WAN's bytes: not bars
         if rec.get("kind") not in ("recipe", "transfer"):
             raise ValueError
         start, end, node = float(rec["start"]), float(rec["end"]), str(rec["node"])

@@ -60,6 +60,7 @@ class Options:
     slots: int = 1
     pull_order: str = "random"     # or "fixed"
     trace: Optional[TraceFile] = None
+    wan_before: Dict[str, List[int]] = field(default_factory=dict)   # HeadAPI.wan_bytes at start
 
 
 @dataclass
@@ -119,12 +120,19 @@ class TransferPlanner:
             o.pull_order = str(args["pull_order"])
         if args.get("trace"):
             o.trace = TraceFile(str(args["trace"]))    # OSError: the caller says so
+            o.wan_before = self.head.wan_bytes()
         self.options[client] = o
 
     def client_closed(self, client: str) -> List[Key]:
         """Its held recipes will never start; returns them."""
         o = self.options.pop(client, None)
         if o is not None and o.trace is not None:
+            now = self.head.wan_bytes()
+            if now:
+                # what crossed between sites while the make ran
+                was = o.wan_before
+                o.trace.wan({s: [i - was.get(s, [0, 0])[0], out - was.get(s, [0, 0])[1]]
+                             for s, (i, out) in now.items()}, time.time())
             o.trace.close()
         keys = [k for k in self.stages if k[0] == client]
         for key in keys:
@@ -254,6 +262,11 @@ class TransferPlanner:
             holders.sort(key=_id_key)
         else:
             self.rng.shuffle(holders)
+        site = self.head.site_of(first.node)
+        if site is not None:
+            # a holder in the targets' site first: a file that crossed the WAN
+            # once spreads inside the site (gxpstyle/head/sites.py)
+            holders.sort(key=lambda n: self.head.site_of(n) != site)
         if not holders:
             for n in group:
                 self._finish(n, "no holder is up")

@@ -7,6 +7,12 @@
 
     {"kind": "pool", "event": "up", "pool": "slurm head job[[1-8]]", "what": "job3",
      "up": 3, "time": 1.7e9}
+    {"kind": "wan", "bytes": 8650752, "sites": {"ga": [4325376, 12288], "gb": [8192, 4325376]},
+     "time": 1.7e9}
+
+The wan line, last, is what crossed between sites while the make ran (`gxpc
+stat`'s WAN line: bytes in and out over each site gateway's link to the head,
+everything the session sent that way, not only the make's); none without sites.
 
 A pool line is an elastic pool's change while the make runs (gxpstyle/head/
 elastic.py): `event` submit (a batch job for agent `what`), up, release (the
@@ -24,7 +30,7 @@ Head-only.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from gxpstyle.config import safe_paths
 
@@ -54,6 +60,10 @@ class TraceFile:
     def pool(self, event: str, pool: str, what: str, up: int, when: float) -> None:
         self._write({"kind": "pool", "event": event, "pool": pool, "what": what, "up": up,
                      "time": round(when, 6)})
+
+    def wan(self, sites: Dict[str, List[int]], when: float) -> None:
+        self._write({"kind": "wan", "bytes": sum(i + o for i, o in sites.values()),
+                     "sites": sites, "time": round(when, 6)})
 
     def close(self) -> None:
         if not self.f.closed:

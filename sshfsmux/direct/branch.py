@@ -68,6 +68,42 @@ def tree_way(host: Any, node_id: Optional[str], port: int,
     return through_tree
 
 
+class _Resuming(ReadHandle):
+    """A reader of a file streaming in from a site proxy: if that stream fails
+    (the proxy died mid-read), the holder itself serves the rest, at the same
+    version (another version would mix two files: EIO)."""
+
+    def __init__(self, inner: ReadHandle, version: Tuple[int, ...],
+                 reopen: Callable[[], Tuple[ReadHandle, Tuple[int, ...], Any]],
+                 stats: Dict[str, int]) -> None:
+        self.inner, self.version, self.reopen, self.stats = inner, version, reopen, stats
+        self.lock = threading.Lock()
+        self.resumed = False
+
+    def read(self, size: int, offset: int) -> bytes:
+        inner = self.inner
+        try:
+            return inner.read(size, offset)
+        except OSError:
+            with self.lock:
+                if self.inner is inner:          # not resumed by another reader meanwhile
+                    if self.resumed:
+                        raise
+                    self.resumed = True
+                    fresh, version, _fetch = self.reopen()
+                    if tuple(version) != tuple(self.version):
+                        fresh.close()
+                        raise _oserror(errno.EIO, "the file changed while its proxy failed")
+                    self.inner = fresh
+                    self.stats["resumed"] = self.stats.get("resumed", 0) + 1
+                    inner.close()
+                fresh = self.inner
+            return fresh.read(size, offset)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 # --- the branch -----------------------------------------------------------------
 
 class DirectBranch(Branch):
@@ -104,6 +140,13 @@ class DirectBranch(Branch):
         self.cache = cache
         self.cache_dir = cache.dir
         self.stats = {"connects": 0, "streams": 0, "reused": 0}
+        # rel -> the site proxy's branch that reads this holder's file `rel`
+        # for this mount, or None (site_cache.py); None: no proxying
+        self.site_proxy: Optional[Callable[[str], Optional[DirectBranch]]] = None
+        # fetches under way (key -> fetch, a descriptor of its replica file)
+        self._inflight: Dict[str, Tuple[_Fetch, int]] = {}
+        self._inflight_lock = threading.Lock()
+        self._opening: Dict[str, List[Any]] = {}     # key -> [its opener's lock, users]
 
     # -- connection ------------------------------------------------------------
     def _channel(self) -> _Channel:
@@ -170,6 +213,11 @@ class DirectBranch(Branch):
         if ch is not None:
             ch.close("branch closed")
             ch.conn.join(5)
+        with self._inflight_lock:
+            fds = [fd for _f, fd in self._inflight.values()]
+            self._inflight.clear()
+        for fd in fds:
+            os.close(fd)
         if self._own_cache:
             self.cache.close()
 
@@ -183,16 +231,18 @@ class DirectBranch(Branch):
         for rel in rels:
             self.cache.invalidate(self.replica_key(rel))
 
+    def version(self, path: str) -> Tuple[int, ...]:
+        """The export's version of `path` now (what read_file's `have` compares)."""
+        r = self._do("version", path=_rel(path))
+        try:
+            return tuple(int(r[k]) for k in HAVE_KEYS)
+        except (TypeError, KeyError, ValueError):
+            raise _oserror(errno.EIO, "bad reply")
+
     def adopt(self, path: str, file: str) -> Optional[str]:
         """Make `file` (a complete copy of `path` on this host) this branch's
         replica of it, at the version the export has now; its path, or None."""
-        rel = _rel(path)
-        r = self._do("version", path=rel)
-        try:
-            version = tuple(int(r[k]) for k in HAVE_KEYS)
-        except (TypeError, KeyError, ValueError):
-            raise _oserror(errno.EIO, "bad reply")
-        return self.cache.adopt(self.replica_key(rel), version, file)
+        return self.cache.adopt(self.replica_key(_rel(path)), self.version(path), file)
 
     # -- Branch ----------------------------------------------------------------
     def getattr(self, path: str) -> Dict[str, Any]:
@@ -306,7 +356,46 @@ class DirectBranch(Branch):
 
     def open_read(self, path: str) -> ReadHandle:
         rel = _rel(path)
+        proxy = self.site_proxy(rel) if self.site_proxy is not None else None
+        if proxy is not None:
+            try:
+                handle, version, fetch = self.open_versioned(path, via=proxy)
+            except OSError:
+                # the site's proxy is gone or failed: the holder itself serves
+                # (WAN bytes, never a failed read: site_cache.py)
+                self.stats["proxy_failed"] = self.stats.get("proxy_failed", 0) + 1
+            else:
+                if fetch is None:
+                    return handle
+                return _Resuming(handle, version, lambda: self.open_versioned(path), self.stats)
+        return self.open_versioned(path)[0]
+
+    def open_versioned(self, path: str, via: Optional[DirectBranch] = None
+                       ) -> Tuple[ReadHandle, Tuple[int, ...], Optional[_Fetch]]:
+        """A reader of `path`, the holder's version it reads, and the fetch
+        still filling it (None: a complete replica). Through `via`, a site
+        proxy's branch (read_peer, site_cache.py), else from this export
+        (read_file). A fetch of the same file under way is joined, not repeated."""
+        key = self.replica_key(_rel(path))
+        # one opener of a file at a time: the others wait for its answer and
+        # join its fetch (a site proxy's readers come at once)
+        with self._inflight_lock:
+            opening = self._opening.setdefault(key, [threading.Lock(), 0])
+            opening[1] += 1
+        try:
+            with opening[0]:
+                return self._join(key) or self._open_versioned(path, via)
+        finally:
+            with self._inflight_lock:
+                opening[1] -= 1
+                if not opening[1]:
+                    del self._opening[key]
+
+    def _open_versioned(self, path: str, via: Optional[DirectBranch]
+                        ) -> Tuple[ReadHandle, Tuple[int, ...], Optional[_Fetch]]:
+        rel = _rel(path)
         key = self.replica_key(rel)
+        chan = via if via is not None else self
         for _ in range(2):
             cand = self.cache.current(key)
             if cand is not None and len(cand[0]) != len(HAVE_KEYS):
@@ -316,10 +405,13 @@ class DirectBranch(Branch):
 
             # Bound now, as a default: each pass of the loop has its own list.
             def make(fetches: List[_Fetch] = fetches) -> _Pending:
-                fetches.append(_Fetch(self, key))
+                fetches.append(_Fetch(chan, key))
                 return fetches[-1]
+            args = {"path": rel, "have": have}
+            if via is not None:
+                args["node"] = self.node
             try:
-                result, _ch = self._call("read_file", {"path": rel, "have": have}, make)
+                result, _ch = chan._call("read_peer" if via is not None else "read_file", args, make)
             except BaseException:
                 for f in fetches:
                     f.drop_reader()
@@ -336,13 +428,44 @@ class DirectBranch(Branch):
                     self._forget(rel)
                     continue
                 self.stats["reused"] += 1
-                return _ReplicaReader(fd, None, self.timeout)
+                return _ReplicaReader(fd, None, self.timeout), tuple(cand[0]), None
             fd = fetch.take_reader()
             if fd < 0:
                 raise _oserror(errno.EIO, fetch.failed or "stream failed")
-            self.stats["streams"] += 1
-            return _ReplicaReader(fd, fetch, self.timeout)
+            self.stats["streams" if via is None else "proxied"] = \
+                self.stats.get("streams" if via is None else "proxied", 0) + 1
+            self._track(key, fetch, fd)
+            assert fetch.meta is not None
+            return _ReplicaReader(fd, fetch, self.timeout), fetch.meta, fetch
         raise _oserror(errno.EIO, "replica vanished")
+
+    def _join(self, key: str) -> Optional[Tuple[ReadHandle, Tuple[int, ...], _Fetch]]:
+        """A reader of the fetch of `key` under way, if there is one."""
+        with self._inflight_lock:
+            entry = self._inflight.get(key)
+            if entry is None or entry[0].complete or entry[0].failed is not None:
+                return None
+            fetch, fd = entry
+            assert fetch.meta is not None
+            self.stats["joined"] = self.stats.get("joined", 0) + 1
+            return _ReplicaReader(os.dup(fd), fetch, self.timeout), fetch.meta, fetch
+
+    def _track(self, key: str, fetch: _Fetch, fd: int) -> None:
+        """Readers that come while `fetch` runs join it (_join)."""
+        with self._inflight_lock:
+            old = self._inflight.pop(key, None)
+            self._inflight[key] = (fetch, os.dup(fd))
+        if old is not None:
+            os.close(old[1])
+        fetch.when_over(lambda: self._untrack(key, fetch))
+
+    def _untrack(self, key: str, fetch: _Fetch) -> None:
+        with self._inflight_lock:
+            entry = self._inflight.get(key)
+            if entry is None or entry[0] is not fetch:
+                return
+            del self._inflight[key]
+        os.close(entry[1])
 
     def open_write(self, path: str, flags: int, mode: int, create: bool) -> WriteHandle:
         rel = _rel(path)

@@ -12,11 +12,11 @@ at once) that runs the connection's non-blocking I/O loop and serves its calls
 (fs_protocol) against the confined root: every path is resolved inside the
 export by confined_paths, so "..", absolute paths and symlinks leading out are
 EACCES, also for symlinks created while we walk. A read-only export refuses
-every mutating call with EROFS here, on the serving side. A peer that sends a
-frame that is not a valid message, a truncated or oversized frame, or stalls in
-the middle of a frame is dropped with one log line; memory per connection is
-bounded by one frame in, the output high-water mark out, and a bounded number of
-open handles and streams.
+every mutating call with EROFS here. A peer that sends a frame that is not a
+valid message, a truncated or oversized frame, or stalls in the middle of a
+frame is dropped with one log line; memory per connection is bounded by one
+frame in, the output high-water mark out, and a bounded number of open handles
+and streams. A site proxy's read_peer: peer_relay.py.
 
 Standard library only, Python 3.8 syntax (agents run this).
 """
@@ -33,6 +33,7 @@ import time
 from gxpstyle.transport import link_auth
 from sshfsmux.branches import confined_paths
 from sshfsmux.branches.branch import stat_dict
+from sshfsmux.direct import peer_relay
 from sshfsmux.direct import protocol as fs_protocol
 
 TYPE_CHECKING = False
@@ -105,6 +106,8 @@ class ExportServer:
         self.stats: Dict[str, Any] = {"calls": collections.Counter(), "connections": 0,
                                         "refused": 0, "dropped": 0}
         self.closed = False
+        # (node, path, have) -> (reader, version, fetch) through this host's mount: a site proxy's
+        self.peer_source: Optional[Callable[[str, str, Any], Any]] = None
         label = fs_protocol.LABEL if cipher else fs_protocol.LABEL_PLAIN
         keys = {label: key}
         try:
@@ -271,7 +274,7 @@ class _NameStream(_Stream):
         return eof
 
 
-class _Session:
+class _Session(peer_relay.PeerReads):
     """One authenticated connection: its calls, handles and streams."""
 
     def __init__(self, server: ExportServer, sock: Any, macs: Any, addr: Any) -> None:
@@ -282,6 +285,7 @@ class _Session:
         self.handles: Dict[int, int] = {}
         self.next_fh = 1
         self.streams: collections.OrderedDict = collections.OrderedDict()
+        self.relays = {}      # read_peer's (peer_relay.py, with `cancel`)
         self.conn_done = threading.Event()
         self.conn = fs_protocol.FrameConn(sock, macs, on_frame=self.on_frame,
                                           on_close=self.on_close, producer=self.produce,
@@ -315,6 +319,8 @@ class _Session:
                 call, _one_line("%s: %s" % (e.__class__.__name__, e))))
         if err:
             result = None
+        elif result is peer_relay.LATER:
+            return          # a thread replies (read_peer)
         self.send(fs_protocol.reply_frame(req, err, result))
 
     def produce(self) -> bool:
@@ -330,6 +336,8 @@ class _Session:
         return True
 
     def on_close(self, reason: str) -> None:
+        for relay in list(self.relays.values()):
+            relay.cancel()
         for stream in self.streams.values():
             stream.close()
         self.streams.clear()
@@ -590,7 +598,3 @@ class _Session:
         self.server.give_open()
         os.close(fd)
 
-    def c_cancel(self, rid: int, req: int) -> None:
-        stream = self.streams.pop(req, None)
-        if stream is not None:
-            stream.cancel()

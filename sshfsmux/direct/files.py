@@ -29,7 +29,7 @@ from sshfsmux.direct.channel import _Channel, _ConnectionLost, _oserror, _Pendin
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
     from sshfsmux.branches.replica_cache import Download
     from sshfsmux.direct.branch import DirectBranch
@@ -54,6 +54,8 @@ class _Fetch(_Pending):
         self.complete = False
         self.failed: Optional[str] = None
         self.progress = time.monotonic()
+        self.end: Dict[str, Any] = {}      # the stream's last frame (its version, settled)
+        self._over: List[Callable[[], None]] = []
 
     def on_reply(self, err: int, result: Any) -> bool:
         if not err:
@@ -133,9 +135,32 @@ class _Fetch(_Pending):
             self.download = None
         else:
             self._discard()
+        self.end = dict(msg)
+        self._set_complete()
+
+    def _set_complete(self) -> None:
         with self.cond:
             self.complete = True
             self.cond.notify_all()
+            over, self._over = self._over, []
+        for cb in over:
+            cb()
+
+    def when_over(self, cb: Callable[[], None]) -> None:
+        """cb() once the stream ended (now if it has), whether or not it failed."""
+        with self.cond:
+            if not self.complete:
+                self._over.append(cb)
+                return
+        cb()
+
+    def wait_over(self, timeout: float) -> Dict[str, Any]:
+        """The stream's last frame once it ended well; OSError if it failed
+        or stood still for `timeout`."""
+        self.wait_for(1 << 62, timeout)
+        if self.failed is not None or not self.end:
+            raise _oserror(errno.EIO, self.failed or "stream failed")
+        return self.end
 
     def _fail(self, why: str) -> None:
         with self.cond:
@@ -154,9 +179,7 @@ class _Fetch(_Pending):
             self.fd = -1
         self._discard()
         self._fail("connection lost: %s" % reason)
-        with self.cond:
-            self.complete = True
-            self.cond.notify_all()
+        self._set_complete()
         _Pending.on_lost(self, reason)      # reader_fd stays for the opener to take or drop
 
     def take_reader(self) -> int:

@@ -44,6 +44,8 @@ Calls (args -> result; [m] mutating: EROFS on a read-only export):
     removexattr {path, name}             [m] -> None
     read_file  {path, have: None|{size, mtime_ns, ctime_ns, ino}}
                -> {"unchanged", "size", "mtime_ns", "ctime_ns", "ino", "st"} + stream
+    read_peer  {node, path, have}            -> as read_file, of `node`'s export,
+               served by a site proxy (peer_relay.py; ENOSYS where none is)
     read       {path, offset, size}          -> bytes   (a range, size <= MAX_IO)
     version    {path}                        -> {"size", "mtime_ns", "ctime_ns", "ino"}
                (what read_file's "have" compares: a copy made elsewhere is adopted with it)
@@ -168,6 +170,12 @@ def _times(v: Any) -> Optional[Tuple[float, float]]:
 _HAVE_KEYS = ("size", "mtime_ns", "ctime_ns", "ino")
 
 
+def _node_name(v: Any) -> str:
+    if not isinstance(v, str) or not 0 < len(v) <= 255 or "\0" in v:
+        raise oserror(errno.EINVAL, "bad node name")
+    return v
+
+
 def _have(v: Any) -> Optional[Tuple[int, int, int, int]]:
     if v is None:
         return None
@@ -206,6 +214,7 @@ CALLS = {
     "listxattr": (("path", _path),),
     "removexattr": (("path", _path), ("name", _xname)),
     "read_file": (("path", _path), ("have", _have)),
+    "read_peer": (("node", _node_name), ("path", _path), ("have", _have)),
     "read": (("path", _path), ("offset", _SIZE), ("size", _uint(MAX_IO))),
     "version": (("path", _path),),
     "open_write": (("path", _path), ("flags", _FLAGS), ("mode", _MODE), ("create", _bool)),
@@ -222,7 +231,8 @@ MUTATING = frozenset(("mkdir", "rmdir", "unlink", "rename", "symlink", "chmod", 
                       "ftruncate", "fsync", "close_write"))
 # Safe to send again on a new connection when the old one died after sending.
 IDEMPOTENT = frozenset(("getattr", "readdir", "readlink", "statfs", "getxattr", "listxattr",
-                        "read_file", "read", "version", "chmod", "utimens", "truncate", "setxattr"))
+                        "read_file", "read_peer", "read", "version", "chmod", "utimens",
+                        "truncate", "setxattr"))
 
 
 def check_args(call: Any, args: Any) -> Dict[str, Any]:

@@ -50,10 +50,11 @@ NODE_MODULES = [
     "sshfsmux.fs.merged_handles",
     "sshfsmux.fs.link_names", "sshfsmux.fs.merged_changes", "sshfsmux.fs.merged_xattrs",
     "sshfsmux.fs.namespace_copy", "sshfsmux.fs.merged_namespace", "sshfsmux.fs.merged_fs",
+    "sshfsmux.direct.peer_relay",
     "sshfsmux.direct.export_server", "sshfsmux.gmount.export_scan", "sshfsmux.fs.kernel_cache",
     "sshfsmux.gmount.export_watch", "sshfsmux.gmount.change_report", "sshfsmux.gmount.change_feed",
     "sshfsmux.gmount.serial_work",
-    "sshfsmux.gmount.mount_settings",
+    "sshfsmux.gmount.mount_settings", "sshfsmux.gmount.site_cache",
     "sshfsmux.gmount.node", "mfusepy",
 ]
 
@@ -101,6 +102,7 @@ class GMountNode(ChangeFeed, NodeSide):
         self.own = local_addresses()
         self.fs: Any = None               # the MergedFS, once mounted
         self.cache: Any = None            # the replica store, once mounted
+        self.proxies: Any = None          # its site's proxies (site_cache.py), once mounted
         self.kcache: Any = None           # the mount's kernel cache handle (FUSE init)
         self.fuse_context: Any = None     # mfusepy's fuse_get_context, once mounted
         # this node's agent (our parent: role nodes are its children), whose
@@ -148,12 +150,12 @@ class GMountNode(ChangeFeed, NodeSide):
         if self.fs is not None:
             reply(False, "already mounted")
             return
-        self.in_thread(lambda: self._mount(list(args.get("peers", [])), reply))
+        self.in_thread(lambda: self._mount(args, reply))
 
-    def _mount(self, peers: List[Dict[str, Any]], reply: Reply) -> None:
+    def _mount(self, args: Dict[str, Any], reply: Reply) -> None:
         mountpoint = self.cfg.mountpoint
         try:
-            self.fs = self._merged_fs(peers)
+            self.fs = self._merged_fs(list(args.get("peers", [])), str(args.get("site") or ""))
         except OSError as e:
             self.in_loop(reply, False, "cannot mount %s: %s" % (mountpoint, e.strerror or e))
             return
@@ -173,11 +175,12 @@ class GMountNode(ChangeFeed, NodeSide):
         self.in_loop(reply, False, self.error or ("mount stopped" if self.stopping else
                                                   "mount did not appear within %gs" % MOUNT_WAIT))
 
-    def _merged_fs(self, peers: List[Dict[str, Any]]) -> Any:
+    def _merged_fs(self, peers: List[Dict[str, Any]], site: str) -> Any:
         from sshfsmux.branches.local_branch import LocalBranch
         from sshfsmux.branches.replica_cache import ReplicaCache
         from sshfsmux.direct.branch import DirectBranch, tree_way
         from sshfsmux.fs import merged_fs
+        from sshfsmux.gmount import site_cache
 
         cfg = self.cfg
         # one replica store for every peer, kept for the session
@@ -189,6 +192,8 @@ class GMountNode(ChangeFeed, NodeSide):
                                          node=str(p["node"]), cipher=cfg.cipher, cache=cache,
                                          timeout=cfg.timeout, via_tree=tree_way(
                                              self.host, p.get("id"), int(p["port"]), self.log)))
+        self.proxies = site_cache.attach(branches, cfg.host_name, site, peers)  # other sites' files
+        self.server.peer_source = site_cache.peer_source(lambda: self.fs)
         fs = merged_fs.MergedFS(branches, mountpoint=cfg.mountpoint, read_only=cfg.ro,
                                 node=cfg.host_name, log=self.log, branch_places=cfg.places,
                                 on_ready=self._fuse_ready)
@@ -492,6 +497,7 @@ class GMountNode(ChangeFeed, NodeSide):
         fs = self.fs
         if fs is not None:
             fs.branches = [b for b in fs.branches if b.local or b.node not in gone]
+            self.proxies.drop(list(gone))
         reply(True, "", {})
 
     # -- the node's lifetime ------------------------------------------------------

@@ -48,7 +48,7 @@ ROLE_MODULE = "sshfsmux.gmount.node"
 MOUNT_ARGS = Rec({"export": Str(4096, empty=False), "mountpoint": Str(4096, empty=False)},
                  {"ro": Bool(), "cipher": Bool(), "allow_other": Bool(),
                   "cache_size": Int(*limits.RANGES["cache_size"][:2]),
-                  "timeout": Int(*limits.RANGES["mount_timeout"][:2])})
+                  "timeout": Int(*limits.RANGES["mount_timeout"][:2]), "site_cache": Bool()})
 UMOUNT_ARGS = Rec(None, {"mountpoint": Opt(Str(4096, empty=False))})
 # a node's mount asks for the listings of directories it looks into
 DIRS_MSG = Rec({"dirs": ListOf(Str(4096), 1024)})
@@ -72,6 +72,7 @@ class Mount:
     mounted: List[str] = field(default_factory=list)
     adopted: Set[tuple] = field(default_factory=set)   # (node id, rel): copies in its replica store
     scans: int = 0                                       # exports not yet in the catalog
+    site_cache: bool = True                              # -o site_cache=off: False
 
 
 class GMountService(RecipeChanges, Service):
@@ -151,7 +152,8 @@ class GMountService(RecipeChanges, Service):
             self.head.push_modules(MODULES, nodes)
         except ImportError as e:
             raise ValueError("mount: the mount code is not installed: %s" % e)
-        m = Mount(export, mountpoint, cid, req, pending=set(nodes))
+        m = Mount(export, mountpoint, cid, req, pending=set(nodes),
+                  site_cache=args.get("site_cache") is not False)
         self.mounts[mountpoint] = m
         self.feed.add_mount(mountpoint)
         config = {"export": export, "mountpoint": mountpoint,
@@ -183,8 +185,13 @@ class GMountService(RecipeChanges, Service):
             self._mount_all(m)
 
     def _mount_all(self, m: Mount) -> None:
+        # each node's site (gxpstyle/head/sites.py): another site's files are
+        # read through the reader's site proxies (site_cache.py)
+        site = {nid: (self.head.site_of(nid) if m.site_cache else None) or ""
+                for nid in m.services}
         peers = [{"node": self._name(nid), "id": nid, "addrs": m.infos[sid].get("addrs", []),
-                  "port": m.infos[sid].get("port", 0)} for nid, sid in m.services.items()]
+                  "port": m.infos[sid].get("port", 0), "site": site[nid]}
+                 for nid, sid in m.services.items()]
         if not m.services:
             self._finish_mount(m)
             return
@@ -192,8 +199,8 @@ class GMountService(RecipeChanges, Service):
         for nid, sid in m.services.items():
             def mounted(ok: bool, error: str, result: Dict[str, Any], nid: str = nid) -> None:
                 self._mounted(m, nid, ok, error)
-            self.head.call_role(sid, "mount", {"peers": [p for p in peers if p["id"] != nid]},
-                                   mounted)
+            self.head.call_role(sid, "mount", {"peers": [p for p in peers if p["id"] != nid],
+                                               "site": site[nid]}, mounted)
 
     def _mounted(self, m: Mount, nid: str, ok: bool, error: str) -> None:
         if ok:

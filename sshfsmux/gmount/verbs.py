@@ -32,9 +32,11 @@ def mount_options(values: List[str]) -> Dict[str, str]:
     for v in values:
         for item in v.split(","):
             k, _, val = item.partition("=")
-            if k not in ("ro", "rw", "cipher", "allow_other", "cache_size", "timeout"):
+            if k not in ("ro", "rw", "cipher", "allow_other", "cache_size", "timeout", "site_cache"):
                 raise UsageError("mount: unknown option %r (known: ro, rw, cipher=none, allow_other, "
-                                 "cache_size=SIZE, timeout=N)" % k)
+                                 "cache_size=SIZE, timeout=N, site_cache=off)" % k)
+            if k == "site_cache" and val != "off":
+                raise UsageError("mount: site_cache takes only 'off' (site caches are on by default)")
             if k == "timeout":
                 val = str(_timeout(val))
             if k == "cipher" and val != "none":
@@ -76,6 +78,8 @@ def cmd_mount(c: Client, a: Any) -> int:
         args["cache_size"] = int(a.opts["cache_size"])
     if "timeout" in a.opts:
         args["timeout"] = int(a.opts["timeout"])
+    if "site_cache" in a.opts:
+        args["site_cache"] = False
     status, result = c.call("mount", args, on_print=write_stream)
     if status == 2:
         err(result.get("error", "mount failed"))
@@ -127,7 +131,8 @@ MOUNT = Verb(
                       "free space there; least recently used evicted first, never a running "
                       "recipe's input nor a file being read), timeout=N (seconds, %d to %d, "
                       "default 20: a peer that leaves a request unanswered that long gives "
-                      "EIO)" % limits.RANGES["mount_timeout"][:2])])
+                      "EIO), site_cache=off (each node reads another site's files itself, "
+                      "not through its site's caches)" % limits.RANGES["mount_timeout"][:2])])
 
 UMOUNT = Verb("umount", "unmount the session's GMount everywhere", cmd_umount,
               args=[Arg("mountpoint", "?", metavar="MOUNTPOINT")])

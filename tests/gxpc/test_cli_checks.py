@@ -68,6 +68,7 @@ BAD = [
     (["nosuchverb"], "unknown command 'nosuchverb'"),
     (["--bogus", "stat"], "unknown option --bogus"),
     (["mount", "-o", "fast", "/a", "/b"], "mount: unknown option 'fast'"),
+    (["mount", "-o", "site_cache=on", "/a", "/b"], "mount: site_cache takes only 'off'"),
     (["mw", "gmnt", "/a"], "mw gmnt EXPORT MOUNTPOINT"),
     (["mw", "other", "a", "b"], "mw: only the gmnt program"),
     # GNU make 4.3 itself hangs from -j 65538 on (its jobserver pipe is full)

@@ -21,6 +21,9 @@ LINES = [
     # an elastic pool's change (issue 27): read, not drawn
     {"kind": "pool", "event": "up", "pool": "slurm head el[[1-8]]", "what": "el1", "up": 1,
      "time": 101.0},
+    # what crossed between sites (issue 28): read, not drawn
+    {"kind": "wan", "bytes": 3 << 20, "sites": {"ga": [1 << 20, 0], "gb": [0, 2 << 20]},
+     "time": 108.0},
 ]
 
 
@@ -72,7 +75,7 @@ def test_without_matplotlib_it_says_how_to_install_it(tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
-def test_pool_lines_are_read_not_drawn(tmp_path):
+def test_pool_and_wan_lines_are_read_not_drawn(tmp_path):
     from make_backend.command.trace_plot import read_trace
     recs = read_trace(_trace(tmp_path))
     assert [r[0] for r in recs] == ["push", "push", "pull", "recipe"]

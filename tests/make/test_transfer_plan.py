@@ -32,6 +32,7 @@ class FakeHead:
         self.pins: list = []
         self.hold_pins = False
         self.held: list = []
+        self.sites: dict = {}        # node id -> its site's gateway (none: no sites)
 
     def _start(self, sources, path, targets, dest, on_done, dests=None):
         self.started.append((list(sources), path, list(targets), on_done, dict(dests or {})))
@@ -52,6 +53,9 @@ class FakeHead:
 
     def name_of(self, nid):
         return self.tree[nid].name if nid in self.tree else nid
+
+    def site_of(self, nid):
+        return self.sites.get(nid)
 
     def call_later(self, delay, fn):
         self.timers.append(fn)
@@ -122,6 +126,27 @@ def test_one_push_for_every_node_needing_a_big_file_then_the_recipes_start():
     assert sorted(ran) == [0, 1, 2]
     assert sorted(head.catalog.holders("/mnt/ref")) == ["0.1", "0.2", "0.3", "0.4"]
     assert p.stat()["bytes_pushed"] == 30 * MIB
+
+
+def test_a_holder_in_the_targets_site_feeds_it_rather_than_one_across_the_wan():
+    # issue 28: 0.1 is at home, 0.2..0.4 are one site; once 0.2 holds the
+    # file, the site's next transfers come from it, pushes and pulls alike
+    head = FakeHead()
+    head.sites = {"0.2": "0.2", "0.3": "0.2", "0.4": "0.2"}
+    head.catalog.add("/mnt/ref", "0.1", 10 * MIB, 1.0)
+    head.catalog.add("/mnt/ref", "0.2", 10 * MIB, 1.0)
+    head.catalog.add("/mnt/small", "0.1", 1000, 1.0)
+    head.catalog.add("/mnt/small", "0.2", 1000, 1.0)
+    p = _planner(head, pull_threshold=MIB, pull_order="fixed")
+    p.stage(("c", 1), "0.3", ["/mnt/ref", "/mnt/small"], lambda: None)
+    head.fire()
+    head.finish(0)          # a node receives one transfer at a time
+    head.fire()
+    assert [s[0][0] for s in head.started] == ["0.2", "0.2"]
+    # at home, no site is preferred: the fewest transfers, then the id
+    p.stage(("c", 2), "0.5", ["/mnt/ref"], lambda: None)
+    head.fire()
+    assert head.started[-1][0][0] == "0.1"
 
 
 def test_a_node_needing_a_file_being_pushed_joins_that_push():
