@@ -485,10 +485,8 @@ class Relay:
             r = self.unsettled.pop(msg["job"], None)
             if r is not None and r.exit is not None:
                 self._finish(r, *r.exit)
-                return
-            r = self.by_job.get(msg["job"])
-            if r is not None:             # before its exit came
-                r.settled = True
+            elif msg["job"] in self.by_job:     # before its exit came
+                self.by_job[msg["job"]].settled = True
 
     def _explain(self, r: Recipe, res: Dict[str, Any]) -> None:
         self._clear_progress()
