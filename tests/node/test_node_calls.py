@@ -141,11 +141,14 @@ class _Owner(services.Service):
         self.events.append(("done", job, status))
 
 
-def test_the_head_sends_the_calls_and_hears_the_answer_before_job_done():
+def _table() -> tuple:
     head = _Head()
-    table = JobTable(head)  # type: ignore[arg-type]
     events: list = []
-    owner = _Owner(head, events)
+    return head, JobTable(head), events, _Owner(head, events)  # type: ignore[arg-type]
+
+
+def test_the_head_sends_the_calls_and_hears_the_answer_before_job_done():
+    head, table, events, owner = _table()
     calls = JobCalls(before=NodeCall("0.3.1", "ready", {}, 5.0),
                      after=NodeCall("0.3.1", "changed", {"paths": ["a"]}, 5.0),
                      after_answered=lambda *a: events.append(("answer",) + a))
@@ -163,10 +166,7 @@ def test_the_head_sends_the_calls_and_hears_the_answer_before_job_done():
 
 
 def test_an_answer_after_the_client_went_away_still_reaches_its_service():
-    head = _Head()
-    table = JobTable(head)  # type: ignore[arg-type]
-    events: list = []
-    owner = _Owner(head, events)
+    head, table, events, owner = _table()
     calls = JobCalls(after=NodeCall("0.3.1", "changed", {}, 5.0),
                      after_answered=lambda *a: events.append(("answer",) + a))
     table.start(owner, "c", 1, ["0.3"], "true", lambda n, i: {}, lambda n: None,
