@@ -228,8 +228,7 @@ class RecipeChanges:
         sid = m.services.get(node)
         if sid is None or not self.head.is_up(sid):
             return None
-        info = self.head.node(node)
-        host = info.hostname if info is not None else None
+        host = self._host_of(node)
         rels, pins = [], []
         for p in paths:
             p = os.path.normpath(p)
@@ -276,9 +275,7 @@ class RecipeChanges:
         answers are not waited for. With our `calls`, done() as soon as all
         of that is sent: the recipe's exec follows it down the same links,
         and its node asks the mount (`ready`) before the recipe starts."""
-        info = self.head.node(node)
-        host = info.hostname if info is not None else None
-        here = self._on_host(host, self.mounts.values())
+        here = self._on_host(self._host_of(node), self.mounts.values())
         inside = self._mount_of(os.path.normpath(cwd)) if cwd else None
         prefetch = [(m, sid) for m, _nid, sid in here if m is inside and self.head.is_up(sid)]
         at_node = isinstance(calls, RecipeCalls)
