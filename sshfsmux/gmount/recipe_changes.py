@@ -60,6 +60,7 @@ class RecipeChanges:
         feed: NamespaceFeed
         mounts: Dict[str, Mount]
         _changes: List[Any]
+        _by_host: Optional[Dict[str, List[Tuple[Mount, str, str]]]]
 
         def _mount_of(self, path: str) -> Optional[Mount]: ...
         def _name(self, nid: str) -> str: ...
@@ -103,7 +104,14 @@ class RecipeChanges:
                 if m is None:
                     continue
                 rel = os.path.relpath(p, m.mountpoint)
-                for nid, sid in m.services.items():
+                # only the holder, when there is one and others: it describes
+                # them and the namespace feed tells the nodes holding the
+                # directory, if anything changed; the others hold nothing of
+                # it (namespace_copy.py). A failed recipe's files are
+                # described by nobody: every mount drops them.
+                only_holder = host is not None and len(m.services) > 1
+                for nid, sid in ([(nid, sid) for _m, nid, sid in self._on_host(host, [m])]
+                                 if only_holder else list(m.services.items())):
                     there = self.head.node(nid)
                     if not self.head.is_up(sid) or there is None:
                         continue
@@ -111,13 +119,6 @@ class RecipeChanges:
                         touched = barrier = True
                         continue
                     holder = there.hostname == host
-                    if not holder and host is not None and len(m.services) > 1:
-                        # the holder describes them and the namespace feed
-                        # tells the nodes holding the directory, if anything
-                        # changed; the others hold nothing of it
-                        # (namespace_copy.py). A failed recipe's files are
-                        # described by nobody: every mount drops them.
-                        continue
                     touched = True
                     lists = calls.setdefault((m.mountpoint, nid, sid), [{}, {}])
                     lists[0 if holder else 1][rel] = None
@@ -172,14 +173,23 @@ class RecipeChanges:
 
     def _on_host(self, host: Optional[str], mounts: Iterable[Mount]) -> List[Tuple[Mount, str, str]]:
         """(mount, node id, service id) of each of `mounts` served on `host`
-        (one service a host), live or not."""
-        out = []
-        for m in mounts:
-            for nid, sid in m.services.items():
-                there = self.head.node(nid)
-                if there is not None and host and there.hostname == host:
-                    out.append((m, nid, sid))
-        return out
+        (one service a host), live or not. From an index by host, made again
+        when a mount or a service comes or goes (_hosts_changed): asked
+        for every recipe, it cost a look at every node (O(N) a recipe)."""
+        if self._by_host is None:
+            self._by_host = {}
+            for m in self.mounts.values():
+                for nid, sid in m.services.items():
+                    there = self.head.node(nid)
+                    if there is not None:
+                        self._by_host.setdefault(there.hostname, []).append((m, nid, sid))
+        if not host:
+            return []
+        wanted = set(id(m) for m in mounts)
+        return [found for found in self._by_host.get(host, ()) if id(found[0]) in wanted]
+
+    def _hosts_changed(self) -> None:
+        self._by_host = None
 
     def _sids_on_head(self) -> List[str]:
         """The mount services on the head's host, where make runs."""

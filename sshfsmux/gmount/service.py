@@ -91,6 +91,7 @@ class GMountService(RecipeChanges, Service):
         self._detaching: Dict[Any, Callable[[str], None]] = {}
         # files_changed of this loop round: (node, paths, done), sent at its end
         self._changes: List[Any] = []
+        self._by_host: Optional[Dict[str, List[Tuple[Mount, str, str]]]] = None   # _on_host
         self.feed = NamespaceFeed(head, replicas, self._exports)
 
     def node_messages(self) -> Dict[str, Message]:
@@ -155,6 +156,7 @@ class GMountService(RecipeChanges, Service):
         m = Mount(export, mountpoint, cid, req, pending=set(nodes),
                   site_cache=args.get("site_cache") is not False)
         self.mounts[mountpoint] = m
+        self._hosts_changed()
         self.feed.add_mount(mountpoint)
         config = {"export": export, "mountpoint": mountpoint,
                   "ro": bool(args.get("ro")), "cipher": bool(args.get("cipher", True)),
@@ -173,6 +175,7 @@ class GMountService(RecipeChanges, Service):
         service = info.get("service") or {}
         if ok and "error" not in service:
             m.services[nid] = child
+            self._hosts_changed()
             m.infos[child] = service
         else:
             why = service.get("error") or reason or "service did not start"
@@ -215,6 +218,7 @@ class GMountService(RecipeChanges, Service):
     def _finish_mount(self, m: Mount) -> None:
         if not m.mounted:
             self.mounts.pop(m.mountpoint, None)
+            self._hosts_changed()
             self.feed.forget_mount(m.mountpoint)
         self.head.reply(m.client, m.req, 1 if m.failed else 0,
                         {"mounted": sorted(m.mounted), "failed": m.failed})
@@ -413,6 +417,7 @@ class GMountService(RecipeChanges, Service):
 
         for m in targets:
             self.mounts.pop(m.mountpoint, None)
+            self._hosts_changed()
             self.feed.forget_mount(m.mountpoint)
             self.catalog.forget_tree(m.mountpoint)
             for nid, sid in m.services.items():
