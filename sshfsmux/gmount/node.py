@@ -376,13 +376,16 @@ class GMountNode(ChangeFeed, NodeSide):
         pending = self._take_pending() if args.get("describe") or args.get("feed") else []
         self._pin(args.get("unpin") or [], False)      # a job's inputs, pinned by `ready`
         # `writer`: the recipe ran on this node, through this mount: the
-        # kernel here saw its changes, nothing of it is stale. With nothing
-        # of the feed to describe (no peer asked) and small files (hashed
-        # here), the answer needs no thread: most recipes' end
+        # kernel here saw its changes to names only this export holds; a
+        # name others hold too (`>> build.log` from several nodes) may have
+        # changed meanwhile there: its kernel entry goes. With none such,
+        # nothing of the feed to describe (no peer asked) and small files
+        # (hashed here), the answer needs no thread: most recipes' end
         writer = bool(args.get("writer"))
         if writer and args.get("job"):
             self.recipe_ended()
-        if writer and self._no_peer_asked(pending) and export_scan.small(self.cfg.export, rels):
+        shared = [r for r in rels if not (writer and self._ours_alone(r))]
+        if not shared and self._no_peer_asked(pending) and export_scan.small(self.cfg.export, rels):
             files = export_scan.describe(self.cfg.export, rels) if args.get("describe") else []
             copies, gone = copies_of(self.fs, pending) if pending else ([], [])
             self._requeue(gone)
@@ -403,18 +406,23 @@ class GMountNode(ChangeFeed, NodeSide):
                     copies, gone = copies_of(self.fs, pending)
                     self._requeue(gone)
                 kc = self.kcache
-                paths = ["/" + r.lstrip("/") for r in rels]
                 fs = self.fs
                 if fs is not None:
-                    fs.forget_access(paths)
-                dropped = kc.invalidate_paths(paths, exists=self.in_export) \
-                    if kc and not writer else 0
+                    fs.forget_access(["/" + r.lstrip("/") for r in rels])
+                drop = ["/" + r.lstrip("/") for r in shared]
+                dropped = kc.invalidate_paths(drop, exists=self.in_export) if kc and drop else 0
             except Exception as e:
                 self.in_loop(reply, False, "cannot act on changed files: %s" % e)
                 return
             self.in_loop(reply, True, "", {"files": files, "invalidated": dropped,
                                            "copies": copies})
         self.peer_work.put(work)
+
+    def _ours_alone(self, rel: str) -> bool:
+        """The copy names no other holder of `rel` (in this export, or nowhere)."""
+        fs = self.fs
+        return fs is not None and fs.namespace is not None and \
+            fs._remote_holders("/" + rel.lstrip("/")) == []
 
     def _no_peer_asked(self, rels: List[str]) -> bool:
         """Describing `rels` for the feed asks no peer: the copy holds each
