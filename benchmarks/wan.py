@@ -33,6 +33,18 @@ the page cache is dropped before each read; `dd bs=1M` reads it sequentially):
                    to the 16 site hosts, against the time one copy takes over
                    the WAN link (S/B; from home the head's own link, shaped
                    like every WAN link, carries a copy for each site: 2 S/B).
+  workflow         BWA-shaped: a reference and 16 splits at home; a recipe per
+                   split reads the reference and its split (`cat ref split |
+                   md5sum`), 8 of them pinned to each site (GXP_ON), and a merge
+                   of the 16 outputs; `gxpc make -j 16` from home, until it
+                   returns (the outputs home). Ours: on the GMount (site caches
+                   on); anchors: the same on the site_cache=off mount, and
+                   `gxpc make --shared` where every site host reads through sshfs
+                   from home (an sshd of the benchmark's on the head's WAN
+                   address, mounted at the same path on every site host with
+                   ssh -J through its gateway, the working directory at home).
+                   WAN bytes against the unique bytes the sites need (each: the
+                   reference and its 8 splits).
 WAN bytes: the router's transmitted bytes (every interface, `ip -s link` in its
 namespace) over each case, against the file size: what the WAN carried for it,
 headers, TLS and the protocol included.
@@ -41,6 +53,8 @@ Prints per case: seconds (median of --reps), MB/s (of one copy), the ratio
 ours/anchor (higher is better), the WAN's share of its rate, and WAN bytes /
 file size. Defaults: 64 MiB, --reps 1 (a pass is several minutes at 20 Mbit/s,
 the anchor of the site case alone 8 copies over the WAN); --quick: 16 MiB.
+The workflow: --wf-ref MiB (default 16) and --wf-split MiB (default 1; --quick
+4 and 1); --workflow-only runs only it.
 Everything is cleaned up whatever happens (the sshfs mount, the session, the
 bed, /dev/fuse's mode). Standard library only, plus tests/testbed/
 and benchmarks/bench_harness.py.
@@ -48,6 +62,7 @@ and benchmarks/bench_harness.py.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -57,12 +72,14 @@ import threading
 import time
 import uuid
 
-from bench_harness import REPO, VENV, Bench, BenchError, log, main_driver, ratio_text, testbed
+from bench_harness import GXPC, REPO, VENV, Bench, BenchError, log, main_driver, ratio_text, testbed
 
 SITES = {"sa": ["sa%02d" % i for i in range(1, 9)], "sb": ["sb%02d" % i for i in range(1, 9)]}
 GATEWAYS = {"sa": "ga", "sb": "gb"}
 WAN_MBIT, WAN_RTT_MS = 20, 100
 MIB = 1 << 20
+SPLITS = 16                  # 8 per site, 1 per host
+HOME_SSHD_PORT = 2222        # the workflow's sshfs anchor: an sshd at home, on the WAN address
 
 
 class WanBench(Bench):
@@ -70,16 +87,21 @@ class WanBench(Bench):
     call_timeout = 1800
     leftover_fuse_only = True
 
-    def __init__(self, logger, size_mib: int, reps: int) -> None:
+    def __init__(self, logger, size_mib: int, reps: int, wf: tuple = (16, 1, False, None)) -> None:
         super().__init__(logger)
         self.size = size_mib * MIB
         self.reps = reps
+        self.wf_ref, self.wf_split, self.workflow_only = wf[0] * MIB, wf[1] * MIB, wf[2]
+        self.wf_trace: str | None = wf[3]         # a directory for gxpc make's traces
+        self.home_sshd: subprocess.Popen | None = None
+        self.wf_sshfs_on: list = []        # site hosts with the workflow's sshfs mounted
         tag = uuid.uuid4().hex[:6]
         self.top = "/var/tmp/gxpwan-%s" % tag
         self.export, self.mnt = "/tmp/wanexp-%s" % tag, "/tmp/wanmnt-%s" % tag
         # the anchor of the site case: a second mount, without site caches
         self.export2, self.mnt2 = "/tmp/wanexq-%s" % tag, "/tmp/wanmnu-%s" % tag
         self.bcast_dest = "/tmp/wanbc-%s" % tag
+        self.wf_dir = "/tmp/wanwf-%s" % tag      # at home, and sshfs on every site host
         self.sshfs_mnt = os.path.join(self.top, "sshfs")
         self.mount_tag = tag
         self.mounted = self.sshfs_mounted = False
@@ -116,12 +138,18 @@ class WanBench(Bench):
     def release(self) -> None:
         if self.sshfs_mounted:
             self.guarded("unmounting sshfs", self.as_user, ["fusermount3", "-u", self.sshfs_mnt])
+        for host in self.wf_sshfs_on:
+            self.guarded("unmounting sshfs on " + host, self.as_user,
+                         ["fusermount3", "-u", self.wf_dir], host)
+        if self.home_sshd is not None:
+            self.home_sshd.terminate()
+            self.guarded("stopping the home sshd", self.home_sshd.wait, 10)
         if self.session is None:
             return
         if self.mounted:
             self.guarded("unmounting", self.gxpc, "umount")
         self.guarded("quitting", self.quit_session)
-        for d in (self.export, self.mnt, self.export2, self.mnt2, self.bcast_dest):
+        for d in (self.export, self.mnt, self.export2, self.mnt2, self.bcast_dest, self.wf_dir):
             self.guarded("removing " + d, subprocess.run, ["rm", "-rf", "--one-file-system", d])
 
     # -- helpers -------------------------------------------------------------------
@@ -228,8 +256,118 @@ class WanBench(Bench):
                 self.wait_visible(os.path.join(mnt, name), host)
             self.site_read(key, os.path.join(mnt, name))
 
+    # -- the workflow -------------------------------------------------------------
+    def start_home_sshd(self) -> None:
+        """An sshd in the head's namespace on its WAN address only (the sites
+        reach it through their gateways), for the sshfs anchor; the sshfs
+        mounts of the workflow's directory on every site host."""
+        keys = os.path.join(self.top, "home-sshd")
+        os.makedirs(keys, 0o700)
+        key = os.path.join(keys, "host_key")
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
+        config = os.path.join(keys, "sshd_config")
+        with open(config, "w") as f:
+            f.write("\n".join([
+                "ListenAddress %s:%d" % (self.bed.gateway_ip, HOME_SSHD_PORT),
+                "HostKey " + key, "PidFile " + os.path.join(keys, "sshd.pid"), "UsePAM no",
+                "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+                "AuthorizedKeysFile .ssh/authorized_keys", "LogLevel ERROR", "UseDNS no",
+                "AllowUsers " + self.user.name, "Subsystem sftp /usr/lib/openssh/sftp-server", ""]))
+        self.home_sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", config],
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        self.make_dir(self.wf_dir)
+        ssh = ("ssh -J %s -p %d -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+               "-o BatchMode=yes" % ("%s", HOME_SSHD_PORT))
+        self.gxpc("e", "--hosts", "sa[[01-08]] sb[[01-08]]", "mkdir -p " + self.wf_dir)
+        deadline = time.monotonic() + 30
+        for site, hosts in SITES.items():
+            for host in hosts:
+                argv = ["sshfs", "-o", "ssh_command=" + ssh % GATEWAYS[site],
+                        "%s:%s" % (self.bed.gateway_ip, self.wf_dir), self.wf_dir]
+                while True:     # the sshd may still be starting
+                    try:
+                        self.as_user(argv, host)
+                        break
+                    except BenchError:
+                        if time.monotonic() > deadline or self.home_sshd.poll() is not None:
+                            raise
+                        time.sleep(0.5)
+                self.wf_sshfs_on.append(host)
+
+    def workflow_files(self, top: str) -> dict:
+        """The reference, the splits and the Makefile under `top` (a directory
+        at home, made here); returns the merge's expected content."""
+        os.makedirs(top)
+        ref = os.urandom(self.wf_ref)
+        lines, rules = [], []
+        for i in range(1, SPLITS + 1):
+            split = os.urandom(self.wf_split)
+            with open(os.path.join(top, "split-%d" % i), "wb") as f:
+                f.write(split)
+            lines.append("%s  -\n" % hashlib.md5(ref + split).hexdigest())
+            site = "sa" if i % 2 else "sb"
+            rules.append("out-%d: GXP_ON = %s[[01-08]]\nout-%d: split-%d ref\n"
+                         "\tcat ref split-%d | md5sum > $@\n" % (i, site, i, i, i))
+        with open(os.path.join(top, "ref"), "wb") as f:
+            f.write(ref)
+        outs = " ".join("out-%d" % i for i in range(1, SPLITS + 1))
+        with open(os.path.join(top, "Makefile"), "w") as f:
+            # the merge on a site host: the gateways have no sshfs mount for --shared
+            f.write("merged: GXP_ON = sa[[01-08]]\nmerged: %s\n\tcat %s > $@\n" % (outs, outs)
+                    + "".join(rules))
+        for d, _dirs, files in os.walk(top):
+            for name in [d] + [os.path.join(d, n) for n in files]:
+                os.chown(name, self.user.uid, self.user.gid)
+        return {"merged": "".join(lines)}
+
+    def workflow(self, key: str, top: str, in_mount: str | None, shared: bool = False) -> None:
+        """`gxpc make -j 16` of a new workflow under `top` (at home), from
+        `in_mount` (its path on the mount; None: `top` itself, --shared):
+        seconds until it returns, WAN bytes over the unique bytes the sites
+        need, and the merge checked."""
+        want = self.workflow_files(top)
+        work = in_mount or top
+        if in_mount is not None:
+            for host in (None, "sa01", "sb01"):
+                for name in ("ref", "split-%d" % SPLITS, "Makefile"):
+                    self.wait_visible(os.path.join(work, name), host)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        before = self.wan_bytes()
+        argv = [GXPC, "--session", self.session, "make"] + (["--shared"] if shared else []) + ["-j", "16"]
+        if self.wf_trace:
+            argv.append("--trace=%s/%s-%s.jsonl" % (self.wf_trace, key.replace(" ", "-"),
+                                                    os.path.basename(top)))
+        t0 = time.monotonic()
+        r = self.bed.run_as(self.user.name, ["sh", "-c", 'cd "$0" && exec "$@"', work] + argv,
+                            env=self.env(), capture_output=True, text=True, timeout=self.call_timeout)
+        dt = time.monotonic() - t0
+        if r.returncode != 0:
+            raise BenchError("gxpc make (%s) failed (%d): %s" % (key, r.returncode, r.stderr.strip()))
+        self.add(key + " s", dt)
+        unique = 2 * self.wf_ref + SPLITS * self.wf_split    # per site: ref + its 8 splits
+        self.add(key + " wan", (self.wan_bytes() - before) / unique)
+        with open(os.path.join(top, "merged")) as f:
+            if f.read() != want["merged"]:
+                raise BenchError("the workflow's merge (%s) differs from plain make's" % key)
+
+    def workflow_cases(self, rep: int) -> None:
+        if self.home_sshd is None:
+            self.start_home_sshd()
+        name = "wf-%d" % rep
+        self.workflow("wf ours", os.path.join(self.export, name), os.path.join(self.mnt, name))
+        self.workflow("wf off", os.path.join(self.export2, name), os.path.join(self.mnt2, name))
+        self.workflow("wf sshfs", os.path.join(self.wf_dir, name), None, shared=True)
+        log("rep %d: workflow ours %.1fs (WAN %.2fx unique), caches off %.1fs, sshfs %.1fs"
+            % (rep + 1, self.samples["wf ours s"][-1], self.samples["wf ours wan"][-1],
+               self.samples["wf off s"][-1], self.samples["wf sshfs s"][-1]))
+
     # -- the cases ---------------------------------------------------------------
     def run(self) -> None:
+        if self.workflow_only:
+            for rep in range(self.reps):
+                self.workflow_cases(rep)
+            return
         export_b = self.export
         self.as_user(["sshfs", "-o", "ssh_command=ssh -J gb", "sb01:" + export_b, self.sshfs_mnt])
         self.sshfs_mounted = True
@@ -245,6 +383,7 @@ class WanBench(Bench):
             self.site_cases()
             self.bcast("bcast", None)
             self.bcast("bcast b", "sb01")
+            self.workflow_cases(rep)
             log("rep %d: home ours %.1fs, sshfs %.1fs; site a ours %.1fs; site a x8 %.1fs, "
                 "caches off %.1fs; bcast %.1fs"
                 % (rep + 1, self.samples["home ours s"][-1], self.samples["home sshfs s"][-1],
@@ -252,6 +391,31 @@ class WanBench(Bench):
                    self.samples["sites off s"][-1], self.samples["bcast s"][-1]))
 
     def report(self) -> None:
+        if not self.workflow_only:
+            self.report_reads()
+        self.report_workflow()
+        for line in self.noticed_lines():
+            print(line)
+
+    def report_workflow(self) -> None:
+        unique = 2 * self.wf_ref + SPLITS * self.wf_split
+        print("workflow: a %d MiB reference and %d splits of %d MiB at home, 8 recipes per site, "
+              "a merge; unique bytes the sites need %.1f MB; medians of %d; load average %s"
+              % (self.wf_ref // MIB, SPLITS, self.wf_split // MIB, unique / 1e6, self.reps,
+                 load_average()))
+        print("%-38s %9s %11s %14s %10s" % ("case", "seconds", "vs anchor", "WAN/unique", "vs WAN"))
+        ideal = unique / (WAN_MBIT / 8.0 * 1e6)     # the head's own link carries both sites' bytes
+        for key, label in (("wf sshfs", "every site host via sshfs (anchor)"),
+                           ("wf off", "GMount, site caches off (anchor)"),
+                           ("wf ours", "GMount, site caches")):
+            s = self.med(key + " s")
+            print("%-38s %9.2f %11s %14.2f %9.2fx" % (
+                label, s, "%.2fx/%.2fx" % (self.med("wf sshfs s") / s, self.med("wf off s") / s),
+                self.med(key + " wan"), s / ideal))
+        print("vs anchor: sshfs seconds / these, caches-off seconds / these (higher is better); "
+              "vs WAN: seconds / (unique bytes / the WAN link's rate)")
+
+    def report_reads(self) -> None:
         mb = self.size / 1e6
         wan_mbs = WAN_MBIT / 8.0
         print("reads of %d MiB files, WAN %d Mbit/s (%.2f MB/s), %d ms RTT; medians of %d;"
@@ -275,8 +439,6 @@ class WanBench(Bench):
         print("bcast: %.2fx (from home) and %.2fx (from sb01) the time one copy takes over "
               "the WAN link (S/B)" % (self.med("bcast s") / (mb / wan_mbs),
                                       self.med("bcast b s") / (mb / wan_mbs)))
-        for line in self.noticed_lines():
-            print(line)
 
 
 def load_average() -> str:
@@ -288,12 +450,21 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=64, help="MiB per file (default 64)")
     p.add_argument("--reps", type=int, default=1)
-    p.add_argument("--quick", action="store_true", help="16 MiB, one rep")
+    p.add_argument("--quick", action="store_true", help="16 MiB, one rep; workflow 4 + 16 x 1 MiB")
+    p.add_argument("--wf-ref", type=int, default=16, help="the workflow's reference, MiB (default 16)")
+    p.add_argument("--wf-split", type=int, default=1, help="each of its 16 splits, MiB (default 1)")
+    p.add_argument("--workflow-only", action="store_true", help="only the workflow case")
+    p.add_argument("--wf-trace", metavar="DIR", help="gxpc make's trace of each workflow run "
+                   "into DIR (writable by every user; gxpc plot draws one)")
     a = p.parse_args(argv)
     size = 16 if a.quick else a.size
     if not 1 <= size <= 4096 or not 1 <= a.reps <= 20:
         p.error("--size is 1..4096 MiB and --reps 1..20")
-    return main_driver(WanBench, log, size, 1 if a.quick else a.reps)
+    if not 1 <= a.wf_ref <= 1024 or not 1 <= a.wf_split <= 256:
+        p.error("--wf-ref is 1..1024 MiB and --wf-split 1..256 MiB")
+    wf = (4 if a.quick else a.wf_ref, a.wf_split, a.workflow_only,
+          os.path.abspath(a.wf_trace) if a.wf_trace else None)
+    return main_driver(WanBench, log, size, 1 if a.quick else a.reps, wf)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from gxpstyle.config import limits, safe_paths
 
 USAGE = """\
-usage: gxpc make [--local | --shared] [--joblog FILE] [--explain-placement] [--home[=DIR]]
-                 [--pull-threshold SIZE] [--transfer-slots N] [--trace=FILE] [MAKE-ARGUMENTS...]
+usage: gxpc make [--local | --shared] [--joblog FILE] [--explain-placement]
+                 [--home[=DIR] | --no-home] [--pull-threshold SIZE] [--transfer-slots N]
+                 [--trace=FILE] [MAKE-ARGUMENTS...]
 
 Run GNU make here, with each recipe on one of the session's nodes (chosen by the
 head). Every other argument goes to make unchanged: -j N, -k, -n, -f FILE,
@@ -45,7 +46,10 @@ waiting for a node; nodes busy).
                   recipes made that only other hosts hold is copied to this
                   host's own export of the GMount (same size and mtime: a
                   replica), or with DIR into DIR (paths below make's directory
-                  kept); losing those hosts afterwards loses no result
+                  kept); losing those hosts afterwards loses no result.
+                  The default when the session has sites (hosts that only a
+                  gateway may reach, by the `use` rules); off on a flat network
+  --no-home       leave the results on the hosts that made them (with sites too)
   --pull-threshold SIZE
                   before a recipe runs, the inputs its node lacks are copied
                   there: from SIZE up the head pushes them (one transfer along
@@ -97,6 +101,7 @@ class Options:
         self.explain = False
         self.transfer: Dict[str, Any] = {}     # transfer_plan.py's options, as the env verb takes them
         self.home: Optional[str] = None        # --home: "" for the export, else a directory
+        self.no_home = False                   # --no-home (else home with sites, by default)
         self.make_args: List[str] = []
 
 
@@ -120,6 +125,8 @@ def split_own_options(args: List[str]) -> Options:
             o.explain = True
         elif own and (a == "--home" or a.startswith("--home=")):
             o.home = _home_dir(a[len("--home="):]) if a.startswith("--home=") else ""
+        elif own and a == "--no-home":
+            o.no_home = True
         elif own and (a == "--joblog" or a.startswith("--joblog=")):
             a, i = _value(args, i, a, "--joblog", "a file name")
             o.joblog = a
@@ -147,6 +154,8 @@ def split_own_options(args: List[str]) -> Options:
             o.make_args.append(a)
     if o.local and o.shared:
         raise MakeUsage("--local and --shared exclude each other (--local runs every recipe here)")
+    if o.no_home and o.home is not None:
+        raise MakeUsage("--home and --no-home exclude each other")
     check_jobs(o.make_args)
     return o
 
@@ -408,7 +417,7 @@ def main(client: Optional[Any], session_dir: str, args: List[str]) -> int:
             open_trace(opts.transfer["trace"])
         rc = _run(client, session_dir, local, make_args, joblog, opts.shared, opts.explain,
                   opts.transfer)
-        if opts.home is not None and client is not None and not local and not opts.shared:
+        if not opts.no_home and client is not None and not local and not opts.shared:
             rc = results_home(client, opts.home, rc)
         return rc
     finally:
@@ -463,16 +472,19 @@ def _run(client: Optional[Any], session_dir: str, local: bool, make_args: List[s
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def results_home(client: Any, home: str, rc: int) -> int:
+def results_home(client: Any, home: Optional[str], rc: int) -> int:
     """--home: the head names the files this make's recipes made that only
     other hosts hold, with where this host keeps them; each is copied
-    there through the mount. Returns make's status, or 1 if make succeeded
-    but a file could not come home (each said in one line)."""
+    there through the mount. Without --home (`home` None) the head names
+    them only when the session has sites. Returns make's status, or 1 if
+    make succeeded but a file could not come home (each said in one line)."""
     from make_backend.command.results_home import bring_home
-    status, res = client.call("home", {"phase": "plan"})
+    status, res = client.call("home", {"phase": "plan", "sites": home is None})
     if status != 0:
         sys.stderr.write("gxpc make: results stay on the nodes: %s\n" % res.get("error", "no answer"))
         return rc or 1
+    if home is None and not res.get("files"):
+        return rc
     failed = bring_home([(str(a), str(b), str(c)) for a, b, c in res.get("files") or []],
                         home or None, os.getcwd())
     client.call("home", {"phase": "done"})

@@ -49,11 +49,9 @@ JOB_ARGS = Rec({"cmd": Str(1 << 20)},
 # how its inputs are copied to the nodes (transfer_plan.py).
 ENV_ARGS = Rec({"env": _ENV}, {"pull_threshold": Int(0, INF), "transfer_slots": Int(1, 64),
                                "pull_order": Str(8), "trace": Str(4096)})
-# `gxpc make --home`: "plan" names the files to copy home, "done" once copied
-HOME_ARGS = Rec({"phase": Str(8)})
-# a file whose mtime is this much older than the make's start is an input
-# it found, not one of its results (mtimes of other hosts' clocks)
-HOME_CLOCK_SLACK = 2.0
+# `gxpc make --home`: "plan" names the files to copy home, "done" once copied;
+# `sites`: only when the session has sites (gxpc make without --home)
+HOME_ARGS = Rec({"phase": Str(8)}, {"sites": Bool()})
 NODE_VARS = ("GXP_NODE_ID", "GXP_HOSTNAME")   # the node's own, never the make's
 
 if TYPE_CHECKING:
@@ -85,8 +83,10 @@ class MakeService(Service):
         self.envs: Dict[str, Dict[str, Optional[str]]] = {}   # client -> its make's environment
         self.waiting: List[Waiting] = []
         self.paths: Dict[Tuple[str, int], List[str]] = {}     # running recipe -> its paths
-        # per make: when it began, and the paths its succeeded recipes named
-        self.made: Dict[str, Tuple[float, Set[str]]] = {}
+        # per make: each path its recipes named, with its newest mtime in the
+        # catalog when the first of them started (-1: none); the paths its
+        # succeeded recipes named
+        self.made: Dict[str, Tuple[Dict[str, float], Set[str]]] = {}
         # recipes whose end the client hears of once the mounts acted (`settled`)
         self.settling: Set[Tuple[str, int]] = set()
         self.calls: Dict[Tuple[str, int], JobCalls] = {}     # running recipe -> its node's calls
@@ -114,7 +114,7 @@ class MakeService(Service):
                                           % (args.get("trace"), e.strerror or e)})
             return
         self.bases.pop(cid, None)
-        self.made[cid] = (time.time(), set())
+        self.made[cid] = ({}, set())
         # what was done through the mounts before make started, its recipes see
         self.replicas.sync(lambda: self.head.reply(cid, req, 0, {}))
 
@@ -264,6 +264,7 @@ class MakeService(Service):
         if settle:
             self.paths[(cid, job)] = paths
             self.settling.add((cid, job))
+            self._versions_before(cid, paths)
         self.slot_books.started((cid, job), nid, slots)
 
         def start() -> None:      # once the inputs it lacks are on its node
@@ -348,22 +349,39 @@ class MakeService(Service):
             self.head.tell_client(key[0], HEAD, {"op": "settled", "job": key[1]})
 
     # -- results home (gxpc make --home) ------------------------------------------------
+    def _versions_before(self, cid: str, paths: List[str]) -> None:
+        """The version (newest mtime) of each path before the first recipe
+        naming it ran: a result is a path whose version changed since, an
+        input one whose version did not (however recently it was written)."""
+        made = self.made.get(cid)
+        if made is None:
+            return
+        for p in paths:
+            if p not in made[0]:
+                reps = self.replicas.replicas(p)
+                made[0][p] = max((m for _s, m, _h in reps.values()), default=-1.0)
+
     def req_home(self, cid: str, req: int, args: Dict[str, Any]) -> None:
-        """plan: the files this make's recipes named that were written since it
-        began and that only other hosts hold, each with where the head's own
-        export keeps it; done: the copies are made, every mount's change
-        feed reaches the catalog (so the head counts as a holder) first."""
+        """plan: the files this make's recipes named and changed (made or
+        remade: _versions_before) that only other hosts hold, each with where
+        the head's own export keeps it; done: the copies are made, every mount's change
+        feed reaches the catalog (so the head counts as a holder) first.
+        With `sites`, plan names none unless some node is in a site: results
+        come home by default where losing a site is what there is to fear,
+        and a flat network's make does as it always did."""
         if args["phase"] == "done":
             self.replicas.sync(lambda: self.head.reply(cid, req, 0, {}))
             return
         if args["phase"] != "plan":
             raise ValueError("home: phase is plan or done, got %r" % args["phase"])
-        began, named = self.made.pop(cid, (0.0, set()))
+        before, named = self.made.pop(cid, ({}, set()))
+        if args.get("sites") and not any(self.head.site_of(n.id) for n in self.head.nodes() if n.up):
+            named = set()
         files = []
         for path in sorted(named):
             reps = self.replicas.replicas(path)
-            if not reps or max(m for _s, m, _h in reps.values()) < began - HOME_CLOCK_SLACK:
-                continue
+            if not reps or max(m for _s, m, _h in reps.values()) == before.get(path, -1.0):
+                continue            # unchanged by the make: an input
             home = self.replicas.home_path(path)
             if home is not None:
                 files.append(list(home))

@@ -408,13 +408,19 @@ def test_results_home_outlive_the_hosts_that_made_them(mounted, bed):
     its recipes made on other hosts is also in the head's own export (same
     bytes, mode and mtime: a replica, not a conflict); removed from the
     hosts that made them, they still show through the mount. `--home=DIR`
-    puts them into DIR instead."""
+    puts them into DIR instead. Without --home, on a flat network (no
+    sites), they stay where they were made."""
     g, mnt = mounted
     export = mnt.replace("gxlmnt-", "gxlexp-")
     work = _workdir(g, mnt, HOME_MAKEFILE)
     rel = os.path.relpath(work, mnt)
     home_dir = pathlib.Path("/tmp/gxphome-" + uuid.uuid4().hex[:8])
     try:
+        r = _as_user(g, g.argv(["make", "-j4"]), cwd=work)
+        assert r.returncode == 0, r.stderr
+        assert _location(g, os.path.join(work, "a.out")) == {"tl03"}
+        r = _as_user(g, ["sh", "-c", "rm -f a.out sub/b.out"], cwd=work)
+        assert r.returncode == 0, r.stderr
         r = _as_user(g, g.argv(["make", "--home", "-j4"]), cwd=work)
         assert r.returncode == 0, r.stderr
         for name, host in (("a.out", "tl03"), ("sub/b.out", "tl04")):

@@ -287,8 +287,10 @@ def test_home_options_in_the_users_words(tmp_path):
     assert split_own_options(["--home", "-j4"]).home == ""
     assert split_own_options(["--home=%s" % tmp_path]).home == str(tmp_path)
     assert split_own_options(["--", "--home"]).home is None     # make's, after --
-    for arg, words in (("--home=", "--home= needs a directory"),
-                       ("--home=/nonexistent-gxp-home", "--home=/nonexistent-gxp-home: no such directory")):
+    assert split_own_options(["--no-home"]).no_home and not split_own_options([]).no_home
+    for args, words in ((["--home="], "--home= needs a directory"),
+                        (["--home=/nonexistent-gxp-home"], "--home=/nonexistent-gxp-home: no such directory"),
+                        (["--home", "--no-home"], "--home and --no-home exclude each other")):
         with pytest.raises(MakeUsage) as e:
-            split_own_options([arg])
+            split_own_options(args)
         assert str(e.value).startswith(words), str(e.value)
