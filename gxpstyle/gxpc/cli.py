@@ -176,13 +176,14 @@ def cmd_stat(c: Client, a: argparse.Namespace) -> int:
         # knows) and the input bytes recipes were placed away from
         catalog = "; catalog: %d files, %d bytes moved to recipes" % (
             result.get("catalog_entries", 0), result.get("bytes_moved", 0))
-    print("%d nodes up, %d lost%s" % (up, len(lost), catalog))
     wan = result.get("wan") or {}
     if wan:
-        # what crossed the WAN along the tree: each site's gateway link, in and out
-        print("WAN: %d bytes between sites (%s)" % (
+        # what crossed the WAN along the tree: each site's gateway link, in and
+        # out (on the first line: the lines after it are the nodes)
+        catalog += "; WAN: %d bytes between sites (%s)" % (
             sum(i + o for i, o in wan.values()),
-            ", ".join("site %s: %d in, %d out" % (s, i, o) for s, (i, o) in sorted(wan.items()))))
+            ", ".join("site %s: %d in, %d out" % (s, i, o) for s, (i, o) in sorted(wan.items())))
+    print("%d nodes up, %d lost%s" % (up, len(lost), catalog))
     for pool in result.get("elastic") or []:
         # an elastic rule's pool: its range, and its agents by state
         print("elastic %s %d-%d: %d up, %d pending, %d leaving%s" % (

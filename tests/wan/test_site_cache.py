@@ -56,7 +56,7 @@ def router_tx_bytes(bed) -> int:
 
 def stat_wan_bytes(g) -> int:
     r = g.ok("stat")
-    m = re.search(r"^WAN: (\d+) bytes between sites \(site ga: .*site gb: .*\)$", r.stdout, re.M)
+    m = re.search(r"; WAN: (\d+) bytes between sites \(site ga: .*site gb: .*\)$", r.stdout, re.M)
     assert m, r.stdout
     return int(m.group(1))
 
