@@ -60,11 +60,12 @@ def test_kill_all_ends_as_soon_as_a_job_without_output_exits():
     loop, out, runner = _runner()
     ended = []
     try:
-        runner.start("c1", _exec(3, "exec >&- 2>&-; trap 'exit 5' TERM; while :; do sleep 0.05; done"))
+        runner.start("c1", _exec(3, "trap 'exit 5' TERM; exec >&- 2>&-; while :; do sleep 0.05; done"))
         job = runner.jobs[("c1", 3)]
         deadline = time.monotonic() + 5
         while job.open_fds and time.monotonic() < deadline:
             loop.run_once(max_wait=0.05)
+        # its output closed after its trap was set: a TERM now ends it with 5
         assert not job.open_fds and job.status is None
         t0 = time.monotonic()
         runner.kill_all(lambda: ended.append(time.monotonic() - t0))
