@@ -90,8 +90,9 @@ class ReplicaKeeper(Protocol):
                       complete: bool = True, calls: Optional[JobCalls] = None) -> None:
         """Node `node` wrote (or removed) `paths` (not `complete`: a failed
         recipe there, whose files are not to be described as complete):
-        act, then done() exactly once. `calls`: those its job_calls gave
-        the job, made by its node (their answers are in)."""
+        act, then done() exactly once. `calls`: what job_calls gave the job,
+        made by its node (their answers are in); a keeper acts on them only
+        if they are its own."""
     def replica_dir(self, node: str, path: str) -> Optional[str]:
         """Where on `node`'s host a copy of `path` may be written for adopt, or None."""
     def adopt_replica(self, node: str, path: str, file: str, source: str,
@@ -108,7 +109,7 @@ class ReplicaKeeper(Protocol):
     # optional: settle(node, done, cwd, calls): done() once what it keeps on
     # `node`'s host shows every change it has heard of and is ready for a job
     # in `cwd` (a recipe starts then), or will be once the job's node made
-    # the `before` of `calls` (the keeper's own job_calls); exactly once
+    # the `before` of `calls` (if they are its own: job_calls); exactly once
     # optional: job_calls(node, paths, cwd) -> JobCalls or None: calls a job
     # on `node` in `cwd` naming `paths` makes to the keeper's service on its
     # host itself (HeadAPI.start_job), before it starts and as it ends
@@ -196,10 +197,6 @@ class ReplicaAPI:
         itself to a keeper's service on its host (HeadAPI.start_job's
         calls_for), saving the head's round trips to it; None: none. Give
         them to settle and files_changed too."""
-        raise NotImplementedError
-
-    def forget_calls(self, calls: JobCalls) -> None:
-        """A job given `calls` will never reach files_changed."""
         raise NotImplementedError
 
     def home_path(self, path: str) -> Optional[Tuple[str, str, str]]:

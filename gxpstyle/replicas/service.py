@@ -44,8 +44,6 @@ class ReplicaService(Service, ReplicaAPI):
         super().__init__(head)
         self.catalog = catalog if catalog is not None else ReplicaCatalog()
         self.keepers: List[ReplicaKeeper] = []
-        # id(JobCalls) -> the keeper that gave them, until files_changed
-        self.call_makers: Dict[int, ReplicaKeeper] = {}
 
     def verbs(self) -> Dict[str, Verb]:
         return {"where": Verb(self.req_where, WHERE_ARGS)}
@@ -114,9 +112,8 @@ class ReplicaService(Service, ReplicaAPI):
                       complete: bool = True, calls: Optional[JobCalls] = None) -> None:
         """Every keeper acts (mounts drop their kernel caches, describe what the
         writer's export holds for the catalog); done() once all have, or
-        after FILES_CHANGED_WAIT seconds. `calls` go to the keeper that gave
-        them (job_calls)."""
-        maker = self.call_makers.pop(id(calls), None) if calls is not None else None
+        after FILES_CHANGED_WAIT seconds. `calls` go to every keeper: the one
+        that gave them (job_calls) knows them as its own."""
         keepers = list(self.keepers)
         waiting = set(range(len(keepers)))
         state: Dict[str, Any] = {"done": False, "timer": None}
@@ -143,11 +140,8 @@ class ReplicaService(Service, ReplicaAPI):
         state["timer"] = self.head.call_later(FILES_CHANGED_WAIT, late)
         for i, k in enumerate(keepers):
             try:
-                if k is maker:
-                    k.files_changed(node, paths, lambda i=i: acted(i), complete,  # type: ignore[misc]
-                                    calls=calls)
-                else:
-                    k.files_changed(node, paths, lambda i=i: acted(i), complete)  # type: ignore[misc]
+                k.files_changed(node, paths, lambda i=i: acted(i), complete,  # type: ignore[misc]
+                                calls=calls)
             except Exception:
                 log_exception(self.head.log, "files_changed")
                 acted(i)
@@ -175,24 +169,16 @@ class ReplicaService(Service, ReplicaAPI):
         """Every keeper that can (ReplicaKeeper.settle) settles `node` for a
         job in `cwd` (the one that gave `calls`, knowing the job's node makes
         them); done() then."""
-        maker = self.call_makers.get(id(calls)) if calls is not None else None
-        self._each_keeper("settle", done, lambda k, one: k.settle(node, one, cwd, calls)
-                          if k is maker else k.settle(node, one, cwd))
+        self._each_keeper("settle", done, lambda k, one: k.settle(node, one, cwd, calls))
 
     def job_calls(self, node: str, paths: List[str], cwd: Optional[str]) -> Optional[JobCalls]:
-        """The first keeper's calls for a job on `node` (ReplicaKeeper.job_calls);
-        files_changed forgets them (each job's are given there once)."""
+        """The first keeper's calls for a job on `node` (ReplicaKeeper.job_calls)."""
         for k in self.keepers:
             fn = getattr(k, "job_calls", None)
             calls = fn(node, paths, cwd) if callable(fn) else None
             if calls is not None:
-                self.call_makers[id(calls)] = k
                 return calls
         return None
-
-    def forget_calls(self, calls: JobCalls) -> None:
-        """A job given `calls` never reaches files_changed (it never started)."""
-        self.call_makers.pop(id(calls), None)
 
     def _each_keeper(self, method: str, done: Callable[[], None],
                      call: Callable[[Any, Callable[[], None]], None]) -> None:

@@ -124,8 +124,7 @@ class MakeService(Service):
         self.bases.pop(client, None)
         self.waiting = [w for w in self.waiting if w.cid != client]
         self.settling = {k for k in self.settling if k[0] != client}
-        for key in [k for k in self.calls if k[0] == client]:
-            self.replicas.forget_calls(self.calls.pop(key))
+        self.calls = {k: c for k, c in self.calls.items() if k[0] != client}
         for key in self.transfers.client_closed(client):   # recipes that never started
             self.slot_books.finished(key)
         for key in [k for k in self.started if k[0] == client]:
