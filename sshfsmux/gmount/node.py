@@ -385,38 +385,28 @@ class GMountNode(ChangeFeed, NodeSide):
         if writer and args.get("job"):
             self.recipe_ended()
         shared = [r for r in rels if not (writer and self._ours_alone(r))]
-        if not shared and self._no_peer_asked(pending) and export_scan.small(self.cfg.export, rels):
-            files = export_scan.describe(self.cfg.export, rels) if args.get("describe") else []
-            copies, gone = copies_of(self.fs, pending) if pending else ([], [])
-            self._requeue(gone)
-            if self.fs is not None:
-                self.fs.forget_access(["/" + r.lstrip("/") for r in rels])
-            reply(True, "", {"files": files, "invalidated": 0, "copies": copies})
-            return
 
-        def work() -> None:
-            copies: List[Any] = []
+        def work(answer: Reply) -> None:
             try:
                 files = export_scan.describe(self.cfg.export, rels) if args.get("describe") else []
-                if pending:
-                    # the feed's changes not sent yet (a recipe's side files)
-                    # go with its targets, so make hears of both at once; a
-                    # name gone from every branch waits for the feed (the
-                    # other mounts drop it first)
-                    copies, gone = copies_of(self.fs, pending)
-                    self._requeue(gone)
-                kc = self.kcache
-                fs = self.fs
-                if fs is not None:
-                    fs.forget_access(["/" + r.lstrip("/") for r in rels])
-                drop = ["/" + r.lstrip("/") for r in shared]
+                # the feed's changes not sent yet (a recipe's side files) go
+                # with its targets, so make hears of both at once; a name gone
+                # from every branch waits for the feed (the other mounts drop
+                # it first)
+                copies, gone = copies_of(self.fs, pending) if pending else ([], [])
+                self._requeue(gone)
+                if self.fs is not None:
+                    self.fs.forget_access(["/" + r.lstrip("/") for r in rels])
+                kc, drop = self.kcache, ["/" + r.lstrip("/") for r in shared]
                 dropped = kc.invalidate_paths(drop, exists=self.in_export) if kc and drop else 0
             except Exception as e:
-                self.in_loop(reply, False, "cannot act on changed files: %s" % e)
+                answer(False, "cannot act on changed files: %s" % e)
                 return
-            self.in_loop(reply, True, "", {"files": files, "invalidated": dropped,
-                                           "copies": copies})
-        self.peer_work.put(work)
+            answer(True, "", {"files": files, "invalidated": dropped, "copies": copies})
+        if not shared and self._no_peer_asked(pending) and export_scan.small(self.cfg.export, rels):
+            work(reply)         # on the loop: no peer asked, no kernel entry to drop
+        else:
+            self.peer_work.put(lambda: work(lambda *a: self.in_loop(reply, *a)))
 
     def _ours_alone(self, rel: str) -> bool:
         """The copy names no other holder of `rel` (in this export, or nowhere)."""
