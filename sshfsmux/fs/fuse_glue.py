@@ -310,11 +310,36 @@ class _FixedFUSE:
         # of a create's CPU); ours always takes the flags
         fi = fip.contents
         fi.fh = self.operations.create(path.decode(self.encoding, self.errors), mode, fi.flags)
+        self._no_flush(fi)
         return 0
+
+    def open(self, path, fip):  # type: ignore[no-untyped-def]
+        fi = fip.contents
+        fi.fh = self.operations.open(path.decode(self.encoding, self.errors), fi.flags)
+        self._no_flush(fi)
+        return 0
+
+    def _no_flush(self, fi):  # type: ignore[no-untyped-def]
+        # a handle with nothing to do at flush (a read, a local file's write)
+        # is opened with FOPEN_NOFLUSH: the kernel does not send FLUSH at
+        # each close (libfuse >= 3.11, Linux >= 5.15; older ones ignore it)
+        handles = getattr(self.operations, "handles", None)
+        if _HAS_NOFLUSH and handles is not None:
+            h = handles.get(fi.fh)
+            if h is not None and not getattr(h, "needs_flush", False):
+                fi.noflush = 1
 
     def rename_fuse_3(self, old, new, flags):  # type: ignore[no-untyped-def]
         return self.operations.rename2(old.decode(self.encoding, self.errors),
                                        new.decode(self.encoding, self.errors), flags)
+
+
+def _has_noflush() -> bool:
+    import mfusepy
+    return any(f[0] == "noflush" for f in mfusepy.fuse_file_info._fields_)
+
+
+_HAS_NOFLUSH = _has_noflush()
 
 
 def fuse_class() -> type:

@@ -111,14 +111,14 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
         if places:
             self._virtual[BRANCHES_PATH] = ("\n".join(places) + "\n").encode("utf-8", "surrogateescape")
         self.on_ready = on_ready
-        # called with a path after a write handle closes, an unlink or a
-        # rename (the GMount service tells the head's replica catalog)
+        # a path after a write handle closes, an unlink, a rename (to the catalog)
         self.on_change: Optional[Callable[[str], None]] = None
         self.uid, self.gid = os.getuid(), os.getgid()
         self.started_ns = time.time_ns()
         writable = [b for b in self.branches if b.writable]
         self.create_branch = next((b for b in writable if b.local), writable[0] if writable else None)
         self._handles: Dict[int, ReadHandle] = {}
+        self.handles = self._handles        # open files by fh (fuse_glue reads)
         self._dirs: Dict[int, List[Tuple[str, Optional[Dict[str, Any]]]]] = {}   # readdirplus
         self._fh = itertools.count(1)
         self._lock = threading.Lock()

@@ -48,6 +48,9 @@ class MultiWriteHandle(WriteHandle):
         self.path = path
         self.pairs = pairs
         self.written = False
+        # a remote branch's write reports its errors at flush (close());
+        # a local file's flush has nothing to do (fuse_glue: noflush)
+        self.needs_flush = any(not b.local for b, _ in pairs)
 
     def read(self, size: int, offset: int) -> bytes:
         return self.pairs[0][1].read(size, offset)

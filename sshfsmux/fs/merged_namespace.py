@@ -48,15 +48,16 @@ class NamespaceView:
                 "st_ctime": mtime, "st_nlink": 2 if stat.S_ISDIR(mode) else 1,
                 "st_uid": self.uid, "st_gid": self.gid}
 
-    def _remote_holders(self, path: str) -> Optional[List[Tuple[Branch, Dict[str, Any]]]]:
+    def _remote_holders(self, path: str, own: Iterable[str] = ()
+                        ) -> Optional[List[Tuple[Branch, Dict[str, Any]]]]:
         """The remote branches holding `path` by the copy, in branch order
-        (None while the copy lacks its directory)."""
+        (None while the copy lacks its directory; `own`: see ns.holders)."""
         ns = self.namespace
         assert ns is not None
         if path == "/":
             root = ("", 0, 0.0, stat.S_IFDIR | 0o755)
             return [(b, self._copy_attrs(root)) for b in self.branches if not b.local]
-        found = ns.holders(path)
+        found = ns.holders(path, own)
         if found is None:
             return None
         by_node = {h[0]: h for h in found}
@@ -169,7 +170,12 @@ class NamespaceView:
         directory): what the change feed tells the head. ENOENT when none
         holds it."""
         ns = self.namespace
-        held = ns is not None and self._remote_holders(path) is not None
+        # a name below a directory only this mount held (a tree it removed)
+        # is nobody else's: not a listing to fetch nor every peer to ask. Only
+        # here: a lookup answered so would leave its directory unwatched
+        own = frozenset(b.node for b in self.branches if b.local)
+        remote_held = None if ns is None else self._remote_holders(path, own)
+        held = remote_held is not None
         out = []
         for b in self.branches:
             if not b.local and held:
@@ -182,8 +188,8 @@ class NamespaceView:
                 raise
             out.append((b.node, int(a.get("st_size", 0)), float(a.get("st_mtime", 0)),
                         int(a["st_mode"])))
-        if held and ns is not None:
-            remote = [b for b, _ in self._remote_holders(path) or []]
+        if remote_held and ns is not None:
+            remote = [b for b, _ in remote_held]
             self._settle([path], remote)
             d, name = split(path)
             mine = {b.node for b in remote}

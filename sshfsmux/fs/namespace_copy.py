@@ -100,11 +100,15 @@ class NamespaceCopy:
                                self.wait_seconds)
             return self.dirs.get(key)
 
-    def holders(self, path: str) -> Optional[Tuple[Holder, ...]]:
+    def holders(self, path: str, own: Iterable[str] = ()) -> Optional[Tuple[Holder, ...]]:
         """Who holds `path` ("/a/b"), () if nobody does, None if the copy
         lacks its directory. A name looked up in a directory this mount
         made itself, before the head's listing of it came, is noted: the
-        kernel may keep its answer (fill)."""
+        kernel may keep its answer (fill). When the copy lacks the directory
+        but lists an ancestor in which no node but `own` ones holds the next
+        step down, nobody else holds anything below it: () without asking
+        the head (a file of a tree this mount removed, reported by the
+        change feed after the removal, asked every peer)."""
         d, name = split(path)
         with self.lock:
             got = self.dirs.get(d)
@@ -112,8 +116,21 @@ class NamespaceCopy:
                 if d in self.asked:
                     self.looked.setdefault(d, set()).add(name)
                 return got.get(name, ())
+            if own and self._held_only_by(d, set(own)):
+                return ()
         listing = self.listing(d)
         return None if listing is None else listing.get(name, ())
+
+    def _held_only_by(self, key: str, own: Set[str]) -> bool:
+        """The nearest ancestor of directory `key` that the copy lists says
+        no node outside `own` holds its step towards `key` (lock held)."""
+        while key:
+            parent, step = os.path.split(key)
+            listing = self.dirs.get(parent)
+            if listing is not None:
+                return all(h[0] in own for h in listing.get(step, ()))
+            key = parent
+        return False
 
     def made_dir(self, path: str) -> None:
         """This mount made directory `path` (nobody held the name): it is

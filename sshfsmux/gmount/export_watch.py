@@ -20,6 +20,7 @@ import os
 import select
 import struct
 import threading
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ IN_CREATE, IN_DELETE, IN_Q_OVERFLOW, IN_IGNORED, IN_ISDIR = 0x100, 0x200, 0x4000
 IN_ONLYDIR, IN_DONT_FOLLOW = 0x01000000, 0x02000000
 WATCHED = IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE
 _EVENT = struct.Struct("iIII")          # wd, mask, cookie, length of the name
+BURST_HOLD = 0.02       # seconds between reads in a burst (the change feed's COALESCE)
 
 
 class ExportWatch:
@@ -82,21 +84,34 @@ class ExportWatch:
                 self.on_change(["/" + os.path.join(below, name) for name in dirs + files])
 
     def _run(self) -> None:
+        last = 0.0
         while True:
             try:
                 ready, _, _ = select.select([self.fd, self.stop_r], [], [])
+                # a burst (every file a tar writes through the mount comes
+                # back as three or four events; each woke this thread, which
+                # took the GIL from the FUSE threads): the first change after
+                # a quiet spell goes at once, then a read at most every
+                # BURST_HOLD, with all that gathered meanwhile
+                wait = last + BURST_HOLD - time.monotonic()
+                if wait > 0 and self.stop_r not in ready:
+                    ready, _, _ = select.select([self.stop_r], [], [], wait)
             except (OSError, ValueError):
                 return
             if self.stop_r in ready:
                 return
+            last = time.monotonic()
+            data = []
             try:
-                data = os.read(self.fd, 1 << 16)
+                while True:     # all that gathered
+                    data.append(os.read(self.fd, 1 << 16))
             except BlockingIOError:
-                continue
+                pass
             except OSError:
                 return
             try:
-                self._events(data)
+                for chunk in data:
+                    self._events(chunk)
             except Exception as e:      # a report that failed must not end the watch
                 self.log("watching the export: %s" % e)
 

@@ -161,6 +161,22 @@ def test_a_directory_made_here_is_answered_at_once_and_a_gap_starts_the_copy_ove
     assert copy.holders("/d/y") is None and asked[-1] == ["d"]
 
 
+def test_below_a_directory_only_this_node_holds_nobody_else_holds_anything():
+    # issue 26: the change feed reports the files of a tree this mount removed
+    # after the removal dropped the tree's listings; it asked every peer
+    asked = []
+    copy = NamespaceCopy(asked.append)
+    copy.fill({"": {"mine": [["n1", 0, 1.0, DIR]], "theirs": [["n2", 0, 1.0, DIR]],
+                    "both": [["n1", 0, 1.0, DIR], ["n2", 0, 1.0, DIR]]}})
+    assert copy.holders("/mine/a/f", own=["n1"]) == () and asked == []
+    assert copy.holders("/gone/f", own=["n1"]) == () and asked == []
+    assert copy.holders("/theirs/f", own=["n1"]) is None and asked == [["theirs"]]
+    assert copy.holders("/both/f", own=["n1"]) is None and asked[-1] == ["both"]
+    # without own nodes, or with no ancestor in the copy, the head is asked
+    assert copy.holders("/mine/f") is None and asked[-1] == ["mine"]
+    assert NamespaceCopy(asked.append).holders("/x/y", own=["n1"]) is None and asked[-1] == ["x"]
+
+
 def test_a_recipe_start_sends_the_listings_of_its_directory_once():
     head, catalog, feed = feed_with_files()
     feed.scanned(MP)
