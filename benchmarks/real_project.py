@@ -24,13 +24,18 @@ What it does:
 * For each case, in a new directory, as the user on the head, each step timed:
     unpack     `tar -xf TARBALL`
     configure  `./configure -q`
-    build      `make -jJOBS` (local, bindfs); `gxpc make -jJOBS` (gmount)
-    check      `make -jJOBS check`; `gxpc make -jJOBS check` (gmount)
+    build      `make -jJOBS` (local, bindfs); `gxpc make -jJOBS` (gmount, shared)
+    check      `make -jJOBS check`; `gxpc make -jJOBS check` (gmount, shared)
   in the cases:
     local      a directory of the head's own disk (/var/tmp): the anchor;
     bindfs     `bindfs --no-allow-other` over a local directory (a C FUSE file
                system: the ceiling of any FUSE mount here); bindfs 1.14 drops
                tar's mtimes, so they are set again after the unpack (not timed);
+    shared     a directory of the head's own disk that every test-bed host sees
+               at the same path (/var/tmp is not private to them), unpacked and
+               configured on the head, built and checked with `gxpc make --shared`
+               by the same session: the distribution of recipes to the hosts with
+               no mount at all (the floor of any shared namespace here);
     gmount     the head's mount of the GMount.
   --upto STEP stops each case after STEP; --cases picks cases. A step that runs
   past --timeout is interrupted (SIGINT to its process group, then SIGKILL) and
@@ -39,7 +44,7 @@ What it does:
   its output; --logs DIR keeps every step's output and job log.
 * Counts, from `gxpc make --joblog`, the compiles (recipes of automake's C
   compile rule) and the hosts they ran on; and the tests make check reports (automake's summary).
-* Prints seconds per step and case, the ratios to local and to bindfs, the load
+* Prints seconds per step and case, the ratios to local, bindfs and shared, the load
   average before each case, and issue 26's goals: unpack at most 2x bindfs;
   configure, build and check each at most 1.5x local; compiles on at least 4 hosts.
 
@@ -70,9 +75,14 @@ from bench_harness import GXPC, Bench, BenchError, ensure_anchor, log, main_driv
 import testbed  # noqa: E402  (bench_harness put tests/ on the path)
 
 STEPS = ("unpack", "configure", "build", "check")
-CASES = ("local", "bindfs", "gmount")
+CASES = ("local", "bindfs", "shared", "gmount")
+ON_HOSTS = ("shared", "gmount")     # cases whose build and check run on the test-bed hosts
 PROJECTS = {"hello": "GNU hello", "patch": "GNU patch", "sed": "GNU sed"}
 GOAL_UNPACK_X_BINDFS, GOAL_X_LOCAL, GOAL_HOSTS = 2.0, 1.5, 4
+# the ratios printed: what the FUSE ceiling costs, what the GMount costs against
+# local disk, bindfs, and the same distribution of recipes with no mount
+RATIOS = (("bindfs", "local"), ("shared", "local"), ("gmount", "local"), ("gmount", "bindfs"),
+          ("gmount", "shared"))
 INTERRUPT_GRACE = 30.0     # seconds a timed-out step gets to stop on SIGINT before SIGKILL
 
 
@@ -177,7 +187,8 @@ class RealProject(Bench):
             log("%s: fetching the source of %s (apt-get source)" % (self.name, self.a.project))
             tarball = fetch_orig_tarball(self.a.project, cache, self.a.mirror)
         self.open_fuse()
-        names = ["tb%02d" % i for i in range(1, self.a.hosts + 1)] if "gmount" in self.a.cases else []
+        on_hosts = set(ON_HOSTS) & set(self.a.cases)
+        names = ["tb%02d" % i for i in range(1, self.a.hosts + 1)] if on_hosts else []
         if names:
             dt = self.bed_up(names, "gxprp")
             log("%s: test bed of %d hosts up in %.1fs" % (self.name, len(names), dt))
@@ -192,6 +203,21 @@ class RealProject(Bench):
         for case in self.a.cases:
             self._prepare(case, names)
 
+    def _explore(self, names: list) -> None:
+        """The session of the hosts (once, for the shared and gmount cases)."""
+        if self.session:
+            return
+        self.session = os.path.join(self.top, "session")
+        self.gxpc("use", "ssh", "head", "tb*")
+        dt, _ = self.gxpc("explore", *names)
+        export, mnt = self._gmount_dirs()
+        self.made_dirs += [export, mnt]      # the head's (the hosts' go with the bed)
+        self.gxpc("e", "mkdir -p %s %s" % (export, mnt))
+        # the head runs no recipe: its mask leaves it out
+        self.gxpc("e", 'test "$GXP_NODE_ID" != 0', check=False)
+        self.gxpc("smask")
+        log("%s: %d hosts explored in %.1fs" % (self.name, len(names), dt))
+
     def _prepare(self, case: str, names: list) -> None:
         if case == "local":
             self.dirs[case] = self.make_dir(os.path.join(self.top, "local"))
@@ -200,19 +226,19 @@ class RealProject(Bench):
             mnt = self.make_dir("/tmp/%s-bindfs" % self.tag)
             self.bindfs = BindfsMount(self, src, mnt)
             self.dirs[case] = mnt
+        elif case == "shared":
+            self._explore(names)
+            self.dirs[case] = self.make_dir(os.path.join(self.top, "shared"))
         else:
-            self.session = os.path.join(self.top, "session")
-            export, mnt = "/tmp/%s-exp" % self.tag, "/tmp/%s-mnt" % self.tag
-            self.made_dirs += [export, mnt]      # the head's (the hosts' go with the bed)
-            self.gxpc("use", "ssh", "head", "tb*")
-            dt, _ = self.gxpc("explore", *names)
-            self.gxpc("e", "mkdir -p %s %s" % (export, mnt))
+            self._explore(names)
+            export, mnt = self._gmount_dirs()
             self.gxpc("mount", export, mnt)
             self.gmount = self.dirs[case] = mnt
-            # the head runs no recipe: its mask leaves it out
-            self.gxpc("e", 'test "$GXP_NODE_ID" != 0', check=False)
-            self.gxpc("smask")
-            log("%s: %d hosts explored in %.1fs, GMount at %s" % (self.name, len(names), dt, mnt))
+            log("%s: GMount at %s" % (self.name, mnt))
+
+    def _gmount_dirs(self) -> tuple:
+        """The GMount's export and mount point, on every node."""
+        return "/tmp/%s-exp" % self.tag, "/tmp/%s-mnt" % self.tag
 
     def as_user(self, argv: list) -> str:
         r = self.bed.run_as(self.user.name, argv, env=self.env(), capture_output=True, text=True,
@@ -228,7 +254,10 @@ class RealProject(Bench):
             return ["tar", "-xf", self.tarball]
         if step == "configure":
             return ["./configure", "-q"]
-        make = [GXPC, "--session", self.session, "make", "--joblog", joblog] if case == "gmount" else ["make"]
+        make = ["make"]
+        if case in ON_HOSTS:
+            make = [GXPC, "--session", self.session, "make", "--joblog", joblog]
+            make += ["--shared"] if case == "shared" else []
         return make + [jobs] + (["check"] if step == "check" else [])
 
     def run_step(self, argv: list, cwd: str, out_path: str) -> tuple[str, float]:
@@ -324,9 +353,9 @@ class RealProject(Bench):
             for what in ("TOTAL", "PASS", "FAIL", "SKIP"):
                 n = sum(int(x) for x in re.findall(r"^# %s: +(\d+)" % what, text, re.M))
                 self.info["%s tests %s" % (case, what)] = n
-        if case == "gmount" and step in ("build", "check") and os.path.exists(joblog):
+        if case in ON_HOSTS and step in ("build", "check") and os.path.exists(joblog):
             with open(joblog, errors="replace") as f:
-                self.info["%s compiles" % step] = compiles_by_host(f.read())
+                self.info["%s %s compiles" % (case, step)] = compiles_by_host(f.read())
 
     def _keep_suite_logs(self, project: str, into: str) -> None:
         """The test-suite.log files of automake's harness (what each failed test
@@ -375,24 +404,25 @@ class RealProject(Bench):
               % (PROJECTS.get(self.a.project, self.a.project), os.path.basename(self.tarball), self.a.jobs,
                  self.a.reps, ", ".join("%s %s" % (c, self.info.get("load " + c, "-")) for c in cases)))
         print("%-10s" % "step" + "".join("%12s" % c for c in cases)
-              + "".join("%16s" % r for r in ("bindfs/local", "gmount/local", "gmount/bindfs")))
+              + "".join("%15s" % ("%s/%s" % r) for r in RATIOS))
         for step in STEPS[:STEPS.index(self.a.upto) + 1]:
             v = {c: self.med("%s %s" % (c, step)) for c in cases}
             row = "%-10s" % step + "".join("%12s" % self._cell(c, step) for c in cases)
-            for num, den in (("bindfs", "local"), ("gmount", "local"), ("gmount", "bindfs")):
-                row += "%16s" % ratio_text(v.get(den), v.get(num))
+            for num, den in RATIOS:
+                row += "%15s" % ratio_text(v.get(den), v.get(num))
             print(row)
         print()
         for c in cases:
             if "%s tests TOTAL" % c in self.info:
                 counts = [self.info["%s tests %s" % (c, w)] for w in ("TOTAL", "PASS", "SKIP", "FAIL")]
                 print("make check in %s: %d tests, %d passed, %d skipped, %d failed" % tuple([c] + counts))
-        for step in ("build", "check"):
-            by_host = self.info.get("%s compiles" % step)
-            if by_host:
-                print("gxpc make %s: %d compiles on %d hosts (%s)" % (
-                    step, sum(by_host.values()), len(by_host),
-                    ", ".join("%s %d" % kv for kv in sorted(by_host.items()))))
+        for case in ON_HOSTS:
+            for step in ("build", "check"):
+                by_host = self.info.get("%s %s compiles" % (case, step))
+                if by_host:
+                    print("gxpc make %s (%s): %d compiles on %d hosts (%s)" % (
+                        step, case, sum(by_host.values()), len(by_host),
+                        ", ".join("%s %d" % kv for kv in sorted(by_host.items()))))
         self._goals(cases)
         for line in self.noticed_lines():
             print(line)
@@ -422,7 +452,7 @@ class RealProject(Bench):
             else:
                 print("goal: %s at most %.1fx %s: not measured (%s)" % (
                     step, limit, anchor, self.results.get(("gmount", step), "-")))
-        by_host = self.info.get("build compiles")
+        by_host = self.info.get("gmount build compiles")
         if by_host is not None:
             print("goal: compiles on %d hosts (at least %d: %s)" % (len(by_host), GOAL_HOSTS,
                                                                     _holds(len(by_host) >= GOAL_HOSTS)))
@@ -436,7 +466,7 @@ def main(argv=None) -> int:
     p.add_argument("--mirror", default="http://deb.debian.org/debian",
                    help="the Debian mirror apt-get source uses (default http://deb.debian.org/debian)")
     p.add_argument("--cases", default=",".join(CASES),
-                   help="cases to run, comma-separated, from local,bindfs,gmount (default all)")
+                   help="cases to run, comma-separated, from local,bindfs,shared,gmount (default all)")
     p.add_argument("--upto", default="check", choices=STEPS,
                    help="the last step of each case (default check)")
     p.add_argument("--timeout", type=float, default=1200.0,
@@ -449,7 +479,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     a.cases = [c.strip() for c in a.cases.split(",") if c.strip()]
     if not a.cases or set(a.cases) - set(CASES):
-        p.error("--cases takes local, bindfs and gmount, separated by commas")
+        p.error("--cases takes local, bindfs, shared and gmount, separated by commas")
     if a.logs and os.path.exists(a.logs):
         p.error("--logs %s: it exists (give a new directory)" % a.logs)
     if a.tarball and not os.path.isfile(a.tarball):
