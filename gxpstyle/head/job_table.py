@@ -109,7 +109,11 @@ class JobTable:
                 for when in ("before", "after"):
                     c = getattr(calls, when)
                     if c is not None:
-                        msg[when] = {"node": c.node, "call": c.call, "args": c.args, "wait": c.wait}
+                        spec: Dict[str, Any] = {"node": c.node, "call": c.call, "args": c.args,
+                                                "wait": c.wait}
+                        if c.unless:
+                            spec["unless"] = c.unless
+                        msg[when] = spec
                 if calls.after is not None and calls.after_answered is not None:
                     rec.answers[nid] = calls.after_answered
             self.head.route_frame(nid, wire.encode_frame(nid, client, msg), None)

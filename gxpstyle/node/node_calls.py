@@ -13,6 +13,15 @@ Each wait is bounded by the call's `wait` (the service's bound): a role node
 that does not answer in time, or is gone, or is not below this node, is
 answered for here (ok=False, in words), and the job goes on.
 
+A call may name a generation file (`unless`): bytes the role node changes
+with every change of its own (a mount: each file system call that changes
+something). A job that changed nothing there needs neither word: the
+`after` is not made when the file reads the same at the job's end as at its
+start (answered here: {"unchanged": True}), and a `before` of wait 0 is not
+sent while the last job that named the file saw it unchanged (so a run of
+quiet jobs costs the role node nothing). The `after` of a job whose `before`
+was sent is always made (the role node waits for it).
+
 Shipped to agents: standard library only, Python 3.8 syntax.
 """
 from __future__ import annotations
@@ -46,19 +55,27 @@ class NodeCalls:
         self.held: Dict[Tuple[str, int], List[Tuple[str, Dict[str, Any]]]] = {}
         self.pending: Dict[int, PendingCall] = {}
         # (requester, job) -> its `after` call, made when the job ends (also
-        # one that never started: the role node may have work for it still)
-        self.after: Dict[Tuple[str, int], Dict[str, Any]] = {}
+        # one that never started: the role node may have work for it still),
+        # with its generation file, what it read at the start, and whether
+        # the call may be left out (no `before` went to the role node)
+        self.after: Dict[Tuple[str, int], Tuple[Dict[str, Any], str, Optional[bytes], bool]] = {}
+        # generation file -> the last job naming it left it unchanged
+        self.quiet: Dict[str, bool] = {}
 
     def start(self, src: str, msg: Dict[str, Any], run: Callable[[], None]) -> None:
         """An exec with calls: keep `after`; run() once `before` is answered."""
-        if msg.get("after") is not None:
-            self.after[(src, msg["job"])] = msg["after"]
-        before = msg.get("before")
+        before, after = msg.get("before"), msg.get("after")
+        skip = before is not None and float(before["wait"]) <= 0 and \
+            bool(self.quiet.get(before.get("unless") or ""))
+        if after is not None:
+            path = after.get("unless") or ""
+            self.after[(src, msg["job"])] = (after, path, _generation(path) if path else None,
+                                             before is None or skip)
         if before is None:
             run()
             return
         if float(before["wait"]) <= 0:      # a word to the role: not waited for
-            if self._below(before["node"]):
+            if self._below(before["node"]) and not skip:
                 self.seq += 1
                 self.node.send(before["node"], {"op": "svc", "req": self.seq,
                                                 "call": before["call"], "args": before["args"]})
@@ -84,9 +101,16 @@ class NodeCalls:
     def ending(self, dst: str, job: int, send: Callable[[Optional[Answer]], None]) -> bool:
         """Job `job` of requester `dst` ended: True if its `after` call is made
         now, send(answer) once answered; False if it has none."""
-        spec = self.after.pop((dst, job), None)
-        if spec is None:
+        kept = self.after.pop((dst, job), None)
+        if kept is None:
             return False
+        spec, path, at_start, optional = kept
+        if path:
+            unchanged = at_start is not None and _generation(path) == at_start
+            self.quiet[path] = unchanged
+            if unchanged and optional:
+                send({"ok": True, "error": "", "result": {"unchanged": True}})
+                return True
         self.call(spec, send)
         return True
 
@@ -123,6 +147,17 @@ class NodeCalls:
             return
         self.node.loop.cancel(p.timer)
         p.done(answer)
+
+
+def _generation(path: str) -> Optional[bytes]:
+    """The generation file's bytes; None if it cannot be read (the call is
+    then made). Opened each time: a role node started again writes a new
+    file, which a kept descriptor would not see."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return f.read(64)
+    except OSError:
+        return None
 
 
 def _failed(error: str) -> Dict[str, Any]:

@@ -113,7 +113,9 @@ _JOB = Int(0, (1 << 63) - 1)
 _TEXT = Str(1 << 16)
 _MAP = MapOf(_Any())
 # a call a job's node makes to a role node below it, and the answer it got
-NODE_CALL = Rec({"node": _ID, "call": Str(64, empty=False), "args": _MAP, "wait": Num(0, 86400)})
+# `unless`: a generation file of the role node's on the job's host (node_calls.py)
+NODE_CALL = Rec({"node": _ID, "call": Str(64, empty=False), "args": _MAP, "wait": Num(0, 86400)},
+                {"unless": Str(4096, empty=False)})
 CALL_ANSWER = Rec({"ok": Bool(), "error": _TEXT, "result": _MAP})
 _STRS = ListOf(Str(1 << 16), 1024)
 _SID = Str(MAX_ADDR + 24, empty=False)

@@ -217,6 +217,9 @@ class _FixedFUSE:
     def __init__(self, operations, mountpoint, **kwargs):  # type: ignore[no-untyped-def]
         # a one-branch mount's getattr goes straight to the branch's
         # stat_into through a callback of plain C types (_main_real)
+        # the operations' generation (GMount: gmount/generation.py), bumped by
+        # each call that changes something
+        self._generation = getattr(operations, "generation", None)
         into = getattr(operations, "stat_into", None)
         if into is not None and self._mfusepy.fuse_version_major == 3:
             _pending.getattr = _GETATTR_T(functools.partial(_fast_getattr, self, into))
@@ -234,6 +237,8 @@ class _FixedFUSE:
             _pyapi.PyGILState_Ensure()
         if func.__name__.startswith("init"):
             return super()._wrapper(func, *args)
+        if self._generation is not None and func.__name__ in _CHANGES:
+            self._generation.bump()
         try:
             return func(*args) or 0
         except OSError as e:
@@ -315,6 +320,8 @@ class _FixedFUSE:
 
     def open(self, path, fip):  # type: ignore[no-untyped-def]
         fi = fip.contents
+        if self._generation is not None and fi.flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
+            self._generation.bump()
         fi.fh = self.operations.open(path.decode(self.encoding, self.errors), fi.flags)
         self._no_flush(fi)
         return 0
@@ -332,6 +339,14 @@ class _FixedFUSE:
     def rename_fuse_3(self, old, new, flags):  # type: ignore[no-untyped-def]
         return self.operations.rename2(old.decode(self.encoding, self.errors),
                                        new.decode(self.encoding, self.errors), flags)
+
+
+# mfusepy's callbacks that change the tree or a file (open: with write flags)
+_CHANGES = frozenset((
+    "mknod", "mkdir", "unlink", "rmdir", "symlink", "rename", "rename_fuse_3", "link",
+    "chmod", "chmod_fuse_3", "chown", "chown_fuse_3", "truncate", "truncate_fuse_3",
+    "ftruncate", "utimens", "utimens_fuse_3", "write", "write_buf", "create", "setxattr",
+    "removexattr", "fallocate", "copy_file_range"))
 
 
 def _has_noflush() -> bool:

@@ -59,7 +59,7 @@ class ChangesWaiting:
         self.armed = False
         self.timer: Optional[int] = None
         self.last_flush = 0.0       # time.monotonic() of the last answer
-        self.recipes = 0            # recipes running here (ready .. changed), on the loop
+        self.recipes: Set[str] = set()  # keys of recipes running here (ready .. changed), on the loop
 
 
 class ChangeFeed:
@@ -129,14 +129,16 @@ class ChangeFeed:
             wait = max(wait, RECIPE_HOLD)
         w.timer = self.node.loop.call_later(max(0.0, wait), self._flush_changes)
 
-    def recipe_started(self) -> None:       # the loop
-        self.changes_waiting.recipes += 1
+    def recipe_started(self, key: str) -> None:       # the loop
+        self.changes_waiting.recipes.add(key)
 
-    def recipe_ended(self) -> None:         # the loop
+    def recipe_ended(self, key: str) -> None:         # the loop
         """A recipe here ended (its `changed` took the feed's names): once
-        none runs, what waits goes out as it would have."""
+        none runs, what waits goes out as it would have. A recipe whose
+        `ready` never came (its node left it out: node_calls.py) held
+        nothing."""
         w = self.changes_waiting
-        w.recipes = max(0, w.recipes - 1)
+        w.recipes.discard(key)
         if w.recipes or not w.armed:
             return
         self.node.loop.cancel(w.timer)

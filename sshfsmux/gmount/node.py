@@ -25,6 +25,7 @@ from gxpstyle.transport.link_auth import local_addresses, pick_address
 from sshfsmux.fs.namespace_copy import NamespaceCopy
 from sshfsmux.gmount.change_feed import ChangeFeed, ChangesWaiting
 from sshfsmux.gmount.change_report import copies_of
+from sshfsmux.gmount.generation import Generation
 from sshfsmux.gmount.mount_settings import MountSettings, fuse_conf_allows_other, is_mounted  # noqa: F401
 from sshfsmux.gmount.serial_work import SerialWork
 
@@ -53,7 +54,7 @@ NODE_MODULES = [
     "sshfsmux.direct.peer_relay",
     "sshfsmux.direct.export_server", "sshfsmux.gmount.export_scan", "sshfsmux.fs.kernel_cache",
     "sshfsmux.gmount.export_watch", "sshfsmux.gmount.change_report", "sshfsmux.gmount.change_feed",
-    "sshfsmux.gmount.serial_work",
+    "sshfsmux.gmount.serial_work", "sshfsmux.gmount.generation",
     "sshfsmux.gmount.mount_settings", "sshfsmux.gmount.site_cache",
     "sshfsmux.gmount.node", "mfusepy",
 ]
@@ -97,6 +98,9 @@ class GMountNode(ChangeFeed, NodeSide):
         self.pin = node.opts["pin"]
         self.key = data_channel_key(node.secret)
         self.cache_dir = os.path.join(node.ensure_session_dir(), "replicas")
+        # what a recipe's node reads to know the recipe changed nothing here
+        self.generation = Generation(os.path.join(node.ensure_session_dir(),
+                                                  "gmount-generation-%d" % os.getpid()))
         self.server = ExportServer(self.cfg.export, self.cfg.ro, self.key, certfile, keyfile,
                                    self.pin, cipher=self.cfg.cipher, log=self.log)
         self.own = local_addresses()
@@ -125,7 +129,7 @@ class GMountNode(ChangeFeed, NodeSide):
     def info(self) -> Dict[str, Any]:
         """What the head learns of this node's service when it starts."""
         return {"port": self.server.port, "addrs": self.own, "node": self.cfg.host_name,
-                "store": self.cache_dir}
+                "store": self.cache_dir, "generation": self.generation.path}
 
     def calls(self) -> Dict[str, Callable[..., None]]:
         return {"mount": self.mount, "umount": self.umount, "scan": self.scan,
@@ -198,6 +202,7 @@ class GMountNode(ChangeFeed, NodeSide):
                                 node=cfg.host_name, log=self.log, branch_places=cfg.places,
                                 on_ready=self._fuse_ready)
         fs.on_change = self._on_change
+        fs.generation = self.generation
         self.fuse_context = merged_fs.fuse_get_context
         if len(branches) > 1:
             fs.namespace = NamespaceCopy(self._ask_listings, self._may_wait, cfg.timeout)
@@ -294,7 +299,7 @@ class GMountNode(ChangeFeed, NodeSide):
         inputs, kept in the replica store until its end (pin_replicas)."""
         self._pin(args.get("pin") or [], True)
         if args.get("job"):
-            self.recipe_started()
+            self.recipe_started(str(args["job"]))
         if args.get("notice"):      # its node does not wait: no answer (node_calls.py)
             return
         if self.kcache is None:
@@ -383,7 +388,7 @@ class GMountNode(ChangeFeed, NodeSide):
         # (hashed here), the answer needs no thread: most recipes' end
         writer = bool(args.get("writer"))
         if writer and args.get("job"):
-            self.recipe_ended()
+            self.recipe_ended(str(args["job"]))
         shared = [r for r in rels if not (writer and self._ours_alone(r))]
 
         def work(answer: Reply) -> None:
@@ -509,6 +514,7 @@ class GMountNode(ChangeFeed, NodeSide):
         self.server.close()
         self.kernel_work.close()
         self.peer_work.close()
+        self.generation.close()
         super().stop()
 
     def runner(self) -> None:

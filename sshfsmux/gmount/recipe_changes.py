@@ -61,6 +61,7 @@ class RecipeChanges:
         mounts: Dict[str, Mount]
         _changes: List[Any]
         _by_host: Optional[Dict[str, List[Tuple[Mount, str, str]]]]
+        _recipes: int
 
         def _mount_of(self, path: str) -> Optional[Mount]: ...
         def _name(self, nid: str) -> str: ...
@@ -247,11 +248,19 @@ class RecipeChanges:
                 rels.append(rel)
                 if any(self._host_of(n) != host for n in self.catalog.replicas(p)):
                     pins.append(rel)
+        # the recipe's key: its mount holds its change feed from `ready` to
+        # the `changed` of the same key (either may not come: node_calls.py)
+        self._recipes += 1
+        key = "%s/%d" % (node, self._recipes)
         args: Dict[str, Any] = {"paths": rels, "describe": True, "feed": False, "writer": True,
-                                "job": True}
+                                "job": key}
         if pins:
             args["unpin"] = pins
-        calls = RecipeCalls(after=NodeCall(sid, "changed", args, NODE_CALL_WAIT),
+        # a recipe that changed nothing through the mount (its generation
+        # file reads the same at the end) needs no description; with pins
+        # the call unpins them
+        unless = "" if pins else str(m.infos.get(sid, {}).get("generation") or "")
+        calls = RecipeCalls(after=NodeCall(sid, "changed", args, NODE_CALL_WAIT, unless),
                             mount=m, nid=node, sid=sid, rels=rels, pins=pins)
         calls.after_answered = lambda status, ok, error, result: self._ended(
             calls, status, ok, error, result)
@@ -268,6 +277,9 @@ class RecipeChanges:
             if ok is False:
                 self.head.log("gmount: %s: changed files at the recipe's end: %s"
                               % (self._name(calls.nid), error))
+            return
+        if result.get("unchanged"):     # nothing changed through its mount (node_calls.py)
+            calls.taken = True
             return
         changed = self._record(m, calls.nid, calls.rels, result.get("files") or []) \
             if status == 0 else []
@@ -306,9 +318,11 @@ class RecipeChanges:
         # recipe's end); the node waits for its answer only when something
         # sent is on its way, or inputs are to be pinned
         wait = unanswered or bool(calls.pins)
-        calls.before = NodeCall(calls.sid, "ready", {"pin": calls.pins, "job": True,
+        key = calls.after.args["job"] if calls.after is not None else True
+        calls.before = NodeCall(calls.sid, "ready", {"pin": calls.pins, "job": key,
                                                      "notice": not wait},
-                                NODE_CALL_WAIT if wait else 0.0)
+                                NODE_CALL_WAIT if wait else 0.0, calls.after.unless
+                                if calls.after is not None else "")
         done()
 
     def _host_of(self, nid: str) -> Optional[str]:

@@ -92,6 +92,7 @@ class GMountService(RecipeChanges, Service):
         # files_changed of this loop round: (node, paths, done), sent at its end
         self._changes: List[Any] = []
         self._by_host: Optional[Dict[str, List[Tuple[Mount, str, str]]]] = None   # _on_host
+        self._recipes = 0           # recipes given calls (each one's key for its mount)
         self.feed = NamespaceFeed(head, replicas, self._exports)
 
     def node_messages(self) -> Dict[str, Message]:

@@ -95,6 +95,43 @@ def test_after_is_made_as_the_job_ends_and_its_answer_goes_up():
     assert not calls.ending("c1", 3, got.append)        # made once
 
 
+def test_a_job_that_left_the_generation_file_alone_costs_the_role_nothing(tmp_path):
+    # issue 26: a recipe that changed nothing in the mount needs neither its
+    # notice nor its description (gxpc make of trivial recipes in a GMount)
+    gen = tmp_path / "generation"
+    gen.write_bytes(b"id-1")
+    node = _Node()
+    calls = NodeCalls(node)
+
+    def job(n: int) -> tuple:
+        before = dict(_call("0.3.1", "ready", wait=0), unless=str(gen))
+        after = dict(_call("0.3.1", "changed"), unless=str(gen))
+        calls.start("c1", _exec(n, before=before, after=after), lambda: None)
+        return before, after
+
+    job(1)                          # nothing known yet: the notice goes
+    assert [m["call"] for _, m in node.sent] == ["ready"]
+    node.sent.clear()
+    got: list = []
+    assert calls.ending("c1", 1, got.append)
+    assert [m["call"] for _, m in node.sent] == ["changed"]      # its notice went: made
+    _reply(node, calls)
+    job(2)                          # the last job left it unchanged: no notice
+    assert node.sent == []
+    assert calls.ending("c1", 2, got.append) and node.sent == []
+    assert got[-1] == {"ok": True, "error": "", "result": {"unchanged": True}}
+    job(3)
+    gen.write_bytes(b"id-2")        # the role changed something meanwhile
+    assert calls.ending("c1", 3, got.append)
+    assert [m["call"] for _, m in node.sent] == ["changed"]
+    _reply(node, calls)
+    job(4)                          # the last one changed it: the notice goes again
+    assert [m["call"] for _, m in node.sent] == ["ready"]
+    node.sent.clear()
+    gen.unlink()                    # unreadable: the call is made
+    assert calls.ending("c1", 4, got.append) and [m["call"] for _, m in node.sent] == ["changed"]
+
+
 def test_a_role_that_does_not_answer_in_time_is_answered_for():
     node = _Node()
     calls = NodeCalls(node)
