@@ -26,6 +26,8 @@ Shipped to agents: standard library only, Python 3.8 syntax.
 """
 from __future__ import annotations
 
+import os
+
 from gxpstyle.protocol import wire
 
 TYPE_CHECKING = False
@@ -154,10 +156,15 @@ def _generation(path: str) -> Optional[bytes]:
     then made). Opened each time: a role node started again writes a new
     file, which a kept descriptor would not see."""
     try:
-        with open(path, "rb", buffering=0) as f:
-            return f.read(64)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        return os.read(fd, 64)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _failed(error: str) -> Dict[str, Any]:

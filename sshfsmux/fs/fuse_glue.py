@@ -220,6 +220,7 @@ class _FixedFUSE:
         # the operations' generation (GMount: gmount/generation.py), bumped by
         # each call that changes something
         self._generation = getattr(operations, "generation", None)
+        self._missing = getattr(operations, "missing", None)
         into = getattr(operations, "stat_into", None)
         if into is not None and self._mfusepy.fuse_version_major == 3:
             _pending.getattr = _GETATTR_T(functools.partial(_fast_getattr, self, into))
@@ -285,6 +286,11 @@ class _FixedFUSE:
             rc = into(path, buf)
             if rc <= 0:
                 return rc
+        # a miss the operations can tell at once (a GMount node's copy)
+        missing = self._missing
+        if missing is not None and path is not None and not fip and \
+                missing(path, path.decode(self.encoding, self.errors), buf):
+            return -errno.ENOENT
         # the branch's attributes as they are, no dict copies on the way
         a = self.operations.raw_getattr(
             None if path is None else path.decode(self.encoding, self.errors),

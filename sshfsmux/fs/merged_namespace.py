@@ -35,9 +35,42 @@ class NamespaceView:
         namespace: Optional[NamespaceCopy]
         uid: int
         gid: int
+        lookups: int
+        _virtual: Dict[str, bytes]
 
         def _note(self, b: Branch, e: OSError) -> None: ...
         def _classified(self, path: str, holders: List[Tuple[Branch, Dict[str, Any]]]) -> View: ...
+
+    def missing(self, path: bytes, name: str, buf: Any) -> bool:
+        """A lookup's quick answer (fuse_glue's getattr): True when `path`
+        (`name` decoded) is certainly missing: the one local branch lstats
+        ENOENT (into libfuse's buffer) and the copy lists its directory with
+        no other node holding it; the general path's answer, without the
+        exceptions it raises on the way (make, configure and compilers live
+        on misses). False: ask the general path."""
+        ns = self.namespace
+        into = self._local_stat_into()
+        if ns is None or into is None or name in self._virtual:
+            return False
+        before = ns.version
+        if into(path, buf) != -errno.ENOENT or split(name)[0] not in ns.dirs:
+            return False
+        found = ns.holders(name)        # notes a name the kernel may keep (holders)
+        if found is None or any(h[0] != self.branches[0].node for h in found):
+            return False
+        self.lookups += 1
+        return ns.version == before
+
+    def _local_stat_into(self) -> Any:
+        """The one local branch's stat_into (a GMount node's export), or None."""
+        try:
+            return self.__dict__["_stat_into"]
+        except KeyError:
+            pass
+        local = [b for b in self.branches if b.local]
+        into = getattr(local[0], "stat_into", None) if len(local) == 1 else None
+        self.__dict__["_stat_into"] = into
+        return into
 
     def _copy_attrs(self, h: Holder) -> Dict[str, Any]:
         """A remote holder's attributes as the copy knows them (owner: the
