@@ -22,6 +22,12 @@ from gxpstyle.api.head_api import JobCalls
 
 Env = Dict[str, Optional[str]]
 Replica = Tuple[int, float, Optional[str]]   # size, mtime, hash
+# A job's input smaller than this is read where it is, through the mount (one
+# request to one holder, a few ms), not copied to the job's node before it
+# starts and pinned there: a planned copy costs a batching delay, a verified
+# write and an adoption (make_backend/head/transfer_plan.py: 30 to 200 ms for
+# a 31 KB header while seven nodes pulled at once).
+STAGE_MIN_BYTES = 64 << 10
 
 
 class Shell:

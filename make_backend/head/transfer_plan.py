@@ -3,7 +3,8 @@
 Every recipe names its inputs (recipe_files.py), so once placement has picked
 node N the head knows which of them N lacks (the replica catalog: holders and
 sizes) and copies them there before the recipe starts, instead of letting the
-recipe pull them through the mount while it runs (Confuga's push and pull):
+recipe pull them through the mount while it runs (Confuga's push and pull);
+inputs under STAGE_MIN_BYTES (64 KiB) are left to the mount:
 
 - at or above the pull threshold, a push: the head starts one transfer of the
   file from its holders to every node that needs it then (requests for one
@@ -34,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from gxpstyle.api.interfaces import BcastAPI, ReplicaAPI, Transfer
+from gxpstyle.api.interfaces import STAGE_MIN_BYTES, BcastAPI, ReplicaAPI, Transfer
 from gxpstyle.protocol import wire
 from make_backend.head.transfer_trace import TraceFile
 
@@ -195,6 +196,8 @@ class TransferPlanner:
         if self.replicas.replica_dir(node, path) is None:
             return None                 # not a file of a mount
         size, mtime, _ = max(up.values(), key=lambda r: r[0])
+        if size < STAGE_MIN_BYTES:
+            return None                 # read through the mount (STAGE_MIN_BYTES)
         return Need(node, path, size, mtime, push=size >= o.pull_threshold, order=o.pull_order)
 
     # -- the queue ---------------------------------------------------------------

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from gxpstyle.api.head_api import JobCalls, NodeCall
+from gxpstyle.api.interfaces import STAGE_MIN_BYTES
 from gxpstyle.api.services import after
 from gxpstyle.protocol.wire import HEAD
 from sshfsmux.gmount import file_records
@@ -246,7 +247,11 @@ class RecipeChanges:
             if self._mount_of(p) is m:
                 rel = os.path.relpath(p, m.mountpoint)
                 rels.append(rel)
-                if any(self._host_of(n) != host for n in self.catalog.replicas(p)):
+                # what make's planner copies here (STAGE_MIN_BYTES and up) stays
+                # in the replica store until the recipe ends
+                reps = self.catalog.replicas(p)
+                if any(self._host_of(n) != host and r[0] >= STAGE_MIN_BYTES
+                       for n, r in reps.items()):
                     pins.append(rel)
         # the recipe's key: its mount holds its change feed from `ready` to
         # the `changed` of the same key (either may not come: node_calls.py)

@@ -10,12 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from gxpstyle.api.interfaces import STAGE_MIN_BYTES
 from gxpstyle.head.daemon import NodeInfo
 from gxpstyle.replicas.catalog import ReplicaCatalog
 from make_backend.command.make_command import MakeUsage, parse_size
 from make_backend.head.transfer_plan import INF, TransferPlanner
 
 MIB = 1 << 20
+SMALL = 100 << 10     # pulled (under the pull threshold, above STAGE_MIN_BYTES)
 
 
 class FakeHead:
@@ -135,8 +137,8 @@ def test_a_holder_in_the_targets_site_feeds_it_rather_than_one_across_the_wan():
     head.sites = {"0.2": "0.2", "0.3": "0.2", "0.4": "0.2"}
     head.catalog.add("/mnt/ref", "0.1", 10 * MIB, 1.0)
     head.catalog.add("/mnt/ref", "0.2", 10 * MIB, 1.0)
-    head.catalog.add("/mnt/small", "0.1", 1000, 1.0)
-    head.catalog.add("/mnt/small", "0.2", 1000, 1.0)
+    head.catalog.add("/mnt/small", "0.1", SMALL, 1.0)
+    head.catalog.add("/mnt/small", "0.2", SMALL, 1.0)
     p = _planner(head, pull_threshold=MIB, pull_order="fixed")
     p.stage(("c", 1), "0.3", ["/mnt/ref", "/mnt/small"], lambda: None)
     head.fire()
@@ -169,7 +171,7 @@ def test_a_node_needing_a_file_being_pushed_joins_that_push():
 def test_small_files_are_pulled_from_holders_in_random_or_fixed_order():
     head = FakeHead()
     for n in ("0.1", "0.2", "0.3", "0.4"):
-        head.catalog.add("/mnt/s", n, 1000, 1.0)
+        head.catalog.add("/mnt/s", n, SMALL, 1.0)
     p = _planner(head)
     for i in range(8):
         p.stage(("c", i), "0.5" if i % 2 else "0.6", ["/mnt/s"], lambda: None)
@@ -183,7 +185,7 @@ def test_small_files_are_pulled_from_holders_in_random_or_fixed_order():
         p = _planner(head, client=client, pull_order="fixed" if client == "f" else "random")
         for i in range(20):
             for n in ("0.1", "0.2", "0.3"):
-                head.catalog.add("/mnt/r%d" % i, n, 10, 1.0)
+                head.catalog.add("/mnt/r%d" % i, n, SMALL, 1.0)
             p.stage((client, i), "0.%d" % (4 + i), ["/mnt/r%d" % i], lambda: None)
         head.fire()
         firsts = {s[0][0] for s in head.started}
@@ -194,8 +196,8 @@ def test_small_files_are_pulled_from_holders_in_random_or_fixed_order():
 
 def test_a_node_receives_one_transfer_at_a_time_by_default():
     head = FakeHead()
-    head.catalog.add("/mnt/a", "0.1", 10, 1.0)
-    head.catalog.add("/mnt/b", "0.2", 10, 1.0)
+    head.catalog.add("/mnt/a", "0.1", SMALL, 1.0)
+    head.catalog.add("/mnt/b", "0.2", SMALL, 1.0)
     p = _planner(head)
     ran = []
     p.stage(("c", 1), "0.3", ["/mnt/a", "/mnt/b"], lambda: ran.append(1))
@@ -207,8 +209,8 @@ def test_a_node_receives_one_transfer_at_a_time_by_default():
     head.finish(1)
     assert ran == [1]
     p2 = _planner(FakeHead(), transfer_slots=2)
-    p2.head.catalog.add("/mnt/a", "0.1", 10, 1.0)
-    p2.head.catalog.add("/mnt/b", "0.2", 10, 1.0)
+    p2.head.catalog.add("/mnt/a", "0.1", SMALL, 1.0)
+    p2.head.catalog.add("/mnt/b", "0.2", SMALL, 1.0)
     p2.stage(("c", 1), "0.3", ["/mnt/a", "/mnt/b"], lambda: None)
     p2.head.fire()
     assert len(p2.head.started) == 2
@@ -229,6 +231,22 @@ def test_nothing_to_copy_starts_at_once_and_a_failure_still_starts_the_recipe():
     head.finish(0, failed={"0.3": "No space left on device (ENOSPC)"})
     assert ran == [1, 2] and "ENOSPC" in head.logs[-1]
     assert head.catalog.holders("/mnt/f") == ["0.1"]
+
+
+def test_an_input_under_stage_min_is_left_to_the_mount():
+    # issue 26: a 31 KB header copied before each recipe cost it 30-200 ms
+    # (a batching delay, a verified write, an adoption); read through the
+    # mount it costs one request to one holder
+    head = FakeHead()
+    head.catalog.add("/mnt/h", "0.1", STAGE_MIN_BYTES - 1, 1.0)
+    head.catalog.add("/mnt/big", "0.1", STAGE_MIN_BYTES, 1.0)
+    p = _planner(head)
+    ran = []
+    p.stage(("c", 1), "0.3", ["/mnt/h"], lambda: ran.append(1))
+    assert ran == [1] and head.timers == []
+    p.stage(("c", 2), "0.3", ["/mnt/h", "/mnt/big"], lambda: ran.append(2))
+    head.fire()
+    assert [s[1] for s in head.started] == ["/mnt/big"]
 
 
 def test_a_closed_client_never_starts_its_held_recipes():
