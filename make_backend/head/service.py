@@ -363,7 +363,8 @@ class MakeService(Service):
     def req_home(self, cid: str, req: int, args: Dict[str, Any]) -> None:
         """plan: the files this make's recipes named and changed (made or
         remade: _versions_before) that only other hosts hold, each with where
-        the head's own export keeps it; done: the copies are made, every mount's change
+        the head's own export keeps it, once every mount's change feed reached
+        the catalog; done: the copies are made, every mount's change
         feed reaches the catalog (so the head counts as a holder) first.
         With `sites`, plan names none unless some node is in a site: results
         come home by default where losing a site is what there is to fear,
@@ -384,4 +385,9 @@ class MakeService(Service):
             home = self.replicas.home_path(path)
             if home is not None:
                 files.append(list(home))
-        self.head.reply(cid, req, 0, {"files": files})
+        # make returns once what its recipes did through the mounts besides
+        # their targets (a file a recipe's shell closed after its exit was
+        # seen, a directory it made) is in the catalog and in the copies of
+        # the nodes holding those directories: `gxpc make && rm -rf dir` then
+        # finds every name (it found a directory not empty)
+        self.replicas.sync(lambda: self.head.reply(cid, req, 0, {"files": files}))
