@@ -50,6 +50,15 @@ class NameChanges:
     # -- changes of names ----------------------------------------------
     def _ensure_parents(self, b: Branch, path: str) -> None:
         parts = path.split("/")[1:-1]
+        if parts:
+            # the parent first: where it is a directory, so is every one above
+            # it (tar x creates each file in a directory it has: one lstat,
+            # not one a level)
+            try:
+                if stat.S_ISDIR(b.getattr("/" + "/".join(parts))["st_mode"]):
+                    return
+            except OSError:
+                pass        # the walk below says what is wrong, or makes it
         cur = ""
         for p in parts:
             cur += "/" + p
