@@ -43,7 +43,8 @@ QUIT_GRACE = 3.0
 class Node(RoleCalls):
     def __init__(self, node_id: str, name: str, session: str, secret: bytes,
                  opts: Dict[str, Any], payloads: bootstrap.PayloadCache,
-                 loop: Optional[EventLoop] = None, environ: Optional[Dict[str, str]] = None) -> None:
+                 loop: Optional[EventLoop] = None, environ: Optional[Dict[str, str]] = None,
+                 forked: bool = False) -> None:
         self.loop = loop or EventLoop()
         self.id = node_id
         self.name = name
@@ -69,6 +70,8 @@ class Node(RoleCalls):
         self.role = str(opts.get("role") or "")
         self._streams: Any = None       # tree_streams.py
         self._calls: Any = None         # node_calls.py
+        self._forked = forked           # a fork of its parent (local_fork.Warming)
+        self._warming: Any = None
 
     # -- sending and routing ---------------------------------------------
     def backlog(self) -> int:
@@ -308,7 +311,9 @@ class Node(RoleCalls):
         self.starting[child] = cs
         try:
             if channel == "local" and local_fork.can_fork(self, spec):
-                local_fork.start(cs)
+                if self._warming is None:
+                    self._warming = local_fork.Warming(self, self._forked)
+                self._warming.start(cs)
             elif channel in channels.PROCESS_CHANNELS:
                 cs.start_process(channels.process_argv(channel, msg["target"], spec))
             elif channel in channels.BATCH_CHANNELS:
@@ -343,6 +348,10 @@ class Node(RoleCalls):
         self.trees.start(src, msg)
 
     def op_exec_report(self, src: str, msg: Dict[str, Any], link: Optional[Link]) -> None:
+        if src == self.id:       # local_fork.Warming's
+            if self._warming is not None and self._warming.left:
+                self._warming.ended()
+            return
         self.trees.report(src, msg)
 
     def _held(self, src: str, msg: Dict[str, Any]) -> bool:
@@ -491,7 +500,7 @@ def main(fds: Tuple[int, int]) -> None:
 
 
 def run(rfd: int, wfd: int, payloads: bootstrap.PayloadCache,
-        environ: Optional[Dict[str, str]] = None) -> None:
+        environ: Optional[Dict[str, str]] = None, forked: bool = False) -> None:
     """Be the node the hello on `rfd` names until it quits (from main(), or
     straight after a fork: local_fork.py, with the parent's `environ`, see
     JobRunner); never returns."""
@@ -505,7 +514,7 @@ def run(rfd: int, wfd: int, payloads: bootstrap.PayloadCache,
     if hello["op"] != "hello":
         raise SystemExit(96)
     node = Node(hello["id"], hello["name"], hello["session"], hello["secret"],
-                hello["opts"], payloads, environ=environ)
+                hello["opts"], payloads, environ=environ, forked=forked)
     parent_id = hello["id"].rsplit(".", 1)[0]
     node.parent = Link(node.loop, rfd, wfd, parent_id, node.on_parent_frame, node.on_parent_close)
     signal.signal(signal.SIGTERM, lambda *a: node.loop.call_soon_threadsafe(

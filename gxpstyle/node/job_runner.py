@@ -59,18 +59,24 @@ KILL_GRACE = 1.0            # SIGTERM, then SIGKILL after this long
 # The watchdog runs as its own program, a POSIX shell script (a shell starts in
 # a fraction of a millisecond; a Python watchdog cost each node as much CPU as
 # its own start, paid by a thousand agents at their first `gxpc e`, issue 27),
-# in its own session so that a kill of our process group spares it. Lines on
-# stdin: "+PGID" (a job started), "-PGID" (its group is empty); anything but a
-# number over 1 is ignored (`kill -1` would reach every process of the user).
-# On EOF: SIGTERM every group left, SIGKILL after a grace.
+# in its own session so that a kill of our process group spares it. It sleeps
+# on stdin, a pipe we never write, until our end closes (we died, or quit);
+# only then does it read its stdout (a read end: it writes nothing), a pipe of
+# the lines we wrote meanwhile: "+PGID" (a job started), "-PGID" (its group is
+# empty); anything but a number over 1 is ignored (`kill -1` would reach every
+# process of the user). It SIGTERMs every group left, SIGKILLs after a grace.
+# (Woken by each line, it cost a node a tenth of its CPU per `gxpc e`.)
 WATCHDOG_SOURCE = r"""cd / || exit 1
+while read -r l; do :; done
+exec <&1
 g=" "
 while read -r l; do
   p=${l#?}
   case $p in ''|*[!0-9]*|0*|1) continue ;; esac
-  case $l in
+  case $l$g in
+    +*" $p "*) ;;
     +*) g="$g$p " ;;
-    -*) case $g in *" $p "*) g="${g%%" $p "*} ${g#*" $p "}" ;; esac ;;
+    -*" $p "*) g="${g%%" $p "*} ${g#*" $p "}" ;;
   esac
 done
 s() { a=" "; for p in $g; do kill -$1 -$p 2>/dev/null && a="$a$p "; done; g=$a; }
@@ -80,26 +86,25 @@ n=0
 while [ "$g" != " " ] && [ $n -lt %(rounds)d ]; do sleep 0.05; n=$((n+1)); s 0; done
 s KILL
 """ % {"rounds": int(KILL_GRACE / 0.05)}
+LINES_MAX = 16 << 10      # bytes of lines in the pipe before they are rewritten as the groups left
 
 
 class Watchdog:
     """Kills the registered process groups when this process dies."""
 
-    def __init__(self, later: Optional[Callable[[Callable[[], None]], None]] = None,
-                 environ: Optional[Callable[[], Dict[str, str]]] = None,
+    def __init__(self, environ: Optional[Callable[[], Dict[str, str]]] = None,
                  prepare: Callable[[], None] = close_inherited) -> None:
-        self.wfd: Optional[int] = None
+        self.wfd: Optional[int] = None     # its stdin: closed, it acts
+        self.lines: Optional[Tuple[int, int]] = None   # its stdout (our read end, write end)
         self.pid: Optional[int] = None
         self.environ = environ     # its environment (default os.environ)
         self.prepare = prepare     # before posix_spawn: it inherits no fd of ours
-        # "-PGID" lines wait for the end of the loop's round (`later`) or the
-        # next "+": the watchdog wakes once a round, not twice a job. A "+"
-        # is written at once, after them (a group must never go unguarded).
-        self.later = later
-        self.forgotten = bytearray()
+        self.groups: Set[int] = set()
+        self.held = 0              # bytes in the lines pipe
 
     def _start(self) -> bool:
-        r, w = os.pipe()      # not inheritable: no job (and no child agent) holds the write end
+        r, w = os.pipe()      # not inheritable: no job (and no child agent) holds a write end
+        lr, lw = os.pipe()
         argv = ["/bin/sh", "-c", WATCHDOG_SOURCE, "gxp-watchdog"]
         try:
             if hasattr(os, "posix_spawn"):
@@ -107,63 +112,63 @@ class Watchdog:
                 null = os.devnull
                 env = self.environ() if self.environ is not None else os.environ
                 self.pid = os.posix_spawn("/bin/sh", argv, env, setsid=True, file_actions=[
-                    (os.POSIX_SPAWN_DUP2, r, 0),
-                    (os.POSIX_SPAWN_OPEN, 1, null, os.O_WRONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, r, 0), (os.POSIX_SPAWN_DUP2, lr, 1),
                     (os.POSIX_SPAWN_OPEN, 2, null, os.O_WRONLY, 0)])
             else:
                 import subprocess
                 self.pid = subprocess.Popen(
-                    argv, stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    argv, stdin=r, stdout=lr, stderr=subprocess.DEVNULL,
                     start_new_session=True, close_fds=True).pid
         except OSError:
-            os.close(w)
+            for fd in (w, lr, lw):
+                os.close(fd)
             return False
         finally:
             os.close(r)
-        os.set_blocking(w, False)
-        self.wfd = w
+        os.set_blocking(lr, False)
+        os.set_blocking(lw, False)
+        self.wfd, self.lines, self.held = w, (lr, lw), 0
         return True
 
     def _write(self, line: bytes) -> None:
         if self.wfd is None and not self._start():
             return
-        assert self.wfd is not None
+        assert self.lines is not None
         try:
-            os.write(self.wfd, line)
-        except (BrokenPipeError, BlockingIOError, OSError):
-            # Dead (someone killed it) or stuck: start a fresh one next time.
+            self.held += os.write(self.lines[1], line)
+            if self.held > LINES_MAX:
+                self._rewrite()
+        except OSError:
+            # Dead (someone killed it), stuck or full: start a fresh one next time.
             self.close()
 
+    def _rewrite(self) -> None:
+        # The groups left, then the lines before them read out: whenever we
+        # die, the pipe names every live group.
+        assert self.lines is not None
+        old, self.held = self.held, 0
+        self.held = os.write(self.lines[1], b"".join(b"+%d\n" % p for p in self.groups))
+        while old > 0:
+            old -= len(os.read(self.lines[0], old))
+
     def add(self, pgid: int) -> None:
-        line = b"+%d\n" % pgid
-        if self.forgotten:
-            line, self.forgotten = bytes(self.forgotten) + line, bytearray()
-        self._write(line)
+        self.groups.add(pgid)
+        self._write(b"+%d\n" % pgid)
 
     def remove(self, pgid: int) -> None:
-        if self.wfd is None:
-            return
-        if self.later is None:
+        if self.wfd is not None:
+            self.groups.discard(pgid)
             self._write(b"-%d\n" % pgid)
-            return
-        if not self.forgotten:
-            self.later(self._write_forgotten)
-        self.forgotten += b"-%d\n" % pgid
-
-    def _write_forgotten(self) -> None:
-        lines, self.forgotten = bytes(self.forgotten), bytearray()
-        if lines and self.wfd is not None:
-            self._write(lines)
 
     def close(self) -> None:
-        """Closing the pipe is the watchdog's signal: it kills what is left and exits."""
-        self.forgotten = bytearray()
-        if self.wfd is not None:
+        """Closing its stdin is the watchdog's signal: it kills what is left and exits."""
+        for fd in (self.lines or ()) + ((self.wfd,) if self.wfd is not None else ()):
             try:
-                os.close(self.wfd)
+                os.close(fd)
             except OSError:
                 pass
-            self.wfd = None
+        self.wfd = self.lines = None
+        self.groups = set()
         if self.pid is not None:
             try:
                 os.waitpid(self.pid, os.WNOHANG)     # reap it if it is already gone
@@ -220,7 +225,7 @@ class JobRunner:
         # a forked agent's first `gxpc e` cost, issue 27); forks inherit it.
         self._environ = environ
         self.spawner = ShellSpawner()
-        self.watchdog = Watchdog(loop.at_end, self.environ, self.spawner.prepare)
+        self.watchdog = Watchdog(self.environ, self.spawner.prepare)
         # Groups whose shell exited while some member still ran (`cmd &` with its
         # output elsewhere): still ours to kill at quit, still the watchdog's.
         self.lingering: Set[int] = set()

@@ -144,6 +144,8 @@ class TreeJobs:
         share.groups, share.size = {}, 0
         if final:
             del self.shares[(share.client, share.job)]
-        parent = self.node.id.rsplit(".", 1)[0]
-        self.node.send(parent, {"op": "exec_report", "job": share.job, "client": share.client,
+        # up; a command the node ran on itself (local_fork.Warming) to itself
+        node_id = self.node.id
+        to = node_id if share.client == node_id else node_id.rsplit(".", 1)[0]
+        self.node.send(to, {"op": "exec_report", "job": share.job, "client": share.client,
                                 "groups": groups, "final": final})

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import time
 
-from gxpstyle.node.job_runner import KILL_GRACE, WATCHDOG_SOURCE, Watchdog
+from gxpstyle.node.job_runner import KILL_GRACE, LINES_MAX, WATCHDOG_SOURCE, Watchdog
 
 
 def _wait_gone(p: subprocess.Popen, seconds: float) -> bool:
@@ -32,6 +32,12 @@ def test_watchdog_kills_registered_groups_when_its_pipe_closes():
         for p in (stubborn, polite, forgotten):
             dog.add(p.pid)
         dog.remove(forgotten.pid)      # its group was empty: never signalled again
+        # Lines past LINES_MAX: the pipe is rewritten as the groups left, the
+        # watchdog (asleep until our end closes) never read them.
+        for _ in range(LINES_MAX // 8):
+            dog.add(4000001)
+            dog.remove(4000001)
+        assert 0 < dog.held <= LINES_MAX
         pid = dog.pid
         assert pid is not None
         # Its own session: a kill of the agent's group spares it.
@@ -58,8 +64,11 @@ def test_watchdog_takes_only_group_numbers_over_one(tmp_path):
     # `kill -TERM -1`, every process of the user.
     log = tmp_path / "kills"
     script = 'kill() { echo "$*" >> %s; }\n%s' % (log, WATCHDOG_SOURCE)
-    lines = b"+1\n+0\n+012\n+12x\n+\n*5\n+4000001\n+4000002\n-4000001\n-99\n"
-    r = subprocess.run(["/bin/sh", "-c", script, "gxp-watchdog"], input=lines, timeout=30)
+    lines = b"+1\n+0\n+012\n+12x\n+\n*5\n+4000001\n+4000002\n+4000002\n-4000001\n-99\n"
+    (tmp_path / "lines").write_bytes(lines)
+    # stdin: the agent's end, which says nothing; the lines on its stdout, a read end
+    with open(tmp_path / "lines", "rb") as f:
+        r = subprocess.run(["/bin/sh", "-c", script, "gxp-watchdog"], input=b"", stdout=f, timeout=30)
     assert r.returncode == 0
     calls = log.read_text().splitlines()
     assert {c.split()[1] for c in calls} == {"-4000002"}

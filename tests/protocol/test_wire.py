@@ -154,9 +154,11 @@ def test_payload_built_by_the_head_is_taken_only_for_our_interpreter():
 # as source, 150.9 KB precompiled. Then a job's calls to the mount on its host
 # made by its node (the exec's before/after fields, the agent's hook, the
 # service ops in a module of their own; node_calls.py is pushed with the mount):
-# 51.2 KB as source, 153.8 KB precompiled.
+# 51.2 KB as source, 153.8 KB precompiled. Then the commands an agent runs on
+# itself before its first fork, so that its forks inherit warm code
+# (local_fork.Warming): 52.5 KB as source, 156.9 KB precompiled.
 STAGE1_BUDGET = 1024
-PAYLOAD_BUDGET = {"source": 52 << 10, "precompiled": 156 << 10}
+PAYLOAD_BUDGET = {"source": 53 << 10, "precompiled": 158 << 10}
 
 
 def test_bootstrap_stays_within_its_byte_budget():
