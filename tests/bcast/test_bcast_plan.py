@@ -18,6 +18,7 @@ class FakeHead:
         self.sent = []
         self.replies = []
         self.logs = []
+        self.sites = {}             # node -> its site's gateway (none: a flat network)
 
     def send_node(self, dst, mtype, body):
         self.sent.append((dst, dict(body, op="bc_" + mtype)))
@@ -30,6 +31,9 @@ class FakeHead:
 
     def name_of(self, nid):
         return self.tree[nid].name if nid in self.tree else nid
+
+    def site_of(self, nid):
+        return self.sites.get(nid)
 
     def call_later(self, delay, fn):
         return 0
@@ -210,3 +214,19 @@ def test_a_chain_member_that_never_says_it_listens_is_fed_along_the_tree_and_so_
         t.members[nid].moved -= 60
     svc._watch()
     assert feeds(head) == {"0.2": ("0", 0), "0.3": ("0", 0)}
+
+
+def test_a_relay_behind_a_busy_wan_link_keeps_its_children():
+    # issue 28: a gateway's relay waiting on its WAN link looked stalled, and
+    # the node it fed was fed again from the head, through that same gateway:
+    # the file crossed the WAN twice.
+    head, svc, t, done = started(["0"], ["0.1.1", "0.1.2"], chain_len=8)
+    head.sites = {"0.1": "0.1", "0.1.1": "0.1", "0.1.2": "0.1"}
+    listening(svc, t, "0.1.2")
+    assert feeds(head) == {"0.1": ("0", 0), "0.1.1": ("0.1", 0), "0.1.2": ("0.1.1", 0)}
+    for nid, have in (("0.1", 5), ("0.1.1", 5), ("0.1.2", 5)):
+        svc.on_state(nid, {"op": "bc_state", "bc": t.id, "have": have, "done": False, "error": "",
+                           "bad": ""})
+        t.members[nid].moved -= 60                      # the relay waits on the WAN
+    svc._watch()
+    assert feeds(head) == {} and head.take("bc_drop") == []
