@@ -8,6 +8,13 @@ transfer's state and shapes its plan:
 - chains inside a site (`chain_sites`): the targets one tree parent feeds,
   which feed nobody else, feed each other in a pipeline over direct links, so
   the parent's uplink carries the file once, not once per child;
+- a chain of gateways (`chain_gateways`): when the targets span several sites
+  of a WAN (gxpstyle/head/sites.py) and the tree would feed each site's
+  gateway from the same node (the head), the first gateway is fed that way and
+  each next one by the one before over a direct link between gateways, so the
+  feeding node's WAN link carries the file once, not once per site (issue 28).
+  Whether two gateways reach each other is found by trying: a gateway that
+  cannot listen or be reached is fed along the tree, as before.
 
 A chained member waits (`waiting`) until it says where it listens; then its
 feeder connects to it. Head-only.
@@ -116,6 +123,22 @@ def chain_sites(t: Transfer, chain_len: int) -> None:
             chain = site[j::k]
             for prev, m in zip(chain, chain[1:]):
                 m.feeder, m.waiting, m.moved = prev.id, True, now
+
+
+def chain_gateways(t: Transfer, site_of: Callable[[str], Optional[str]]) -> None:
+    """The gateways of several sites, each fed from one node outside every
+    site (the head), fed in a pipeline instead: the first as planned, each
+    next by the one before (a direct link between gateways, tried)."""
+    by_feeder: Dict[str, List[Member]] = {}
+    for m in t.members.values():
+        if (not m.source and m.feeder is not None and not m.waiting
+                and site_of(m.id) == m.id and site_of(m.feeder) is None):
+            by_feeder.setdefault(m.feeder, []).append(m)
+    now = time.monotonic()
+    for gates in by_feeder.values():
+        gates.sort(key=lambda m: id_key(m.id))
+        for prev, m in zip(gates, gates[1:]):
+            m.feeder, m.waiting, m.moved = prev.id, True, now
 
 
 def direct_possible(site_of: Callable[[str], Optional[str]], a: str, b: str) -> bool:

@@ -29,7 +29,9 @@ feeds the next over a direct link (bcast/direct_links.py) once it listens; a mem
 cannot listen or be reached is fed along the tree, and one that stalls has the
 nodes it fed fed by another holder (`_watch`). Between sites data rides the agent
 links (framed messages routed through the tree): authenticated, encrypted, and
-they cross gateways. `start()` is the engine's entry point for other
+they cross gateways; except that the gateways of several sites fed from home
+feed each other in a chain over direct links, so home's WAN link carries the
+file once (bcast/plan.py). `start()` is the engine's entry point for other
 services (a push of make's inputs is a transfer with one or more targets, a
 pull is one with a single target and the holders, in random order, as sources).
 
@@ -48,6 +50,7 @@ from gxpstyle.bcast.plan import (
     CHUNK,
     Member,
     Transfer,
+    chain_gateways,
     chain_sites,
     depth,
     direct_possible,
@@ -221,6 +224,7 @@ class BcastService(Service, BcastAPI):
             t.members[s] = Member(s, source=True, have=t.n)
         plan_tree(t)
         chain_sites(t, self.chain_len)
+        chain_gateways(t, self.head.site_of)
         t.dest = t.dest.replace("{sha256}", t.sha)
         t.dests = {k: v.replace("{sha256}", t.sha) for k, v in t.dests.items()}
         for m in t.members.values():
@@ -332,8 +336,10 @@ class BcastService(Service, BcastAPI):
             msg["corrupt"] = self.fault[1]
             self.fault = None
         if (m.addr is not None and not m.no_direct and feeder != m.id
-                and next_hop(m.id, feeder) != feeder):
+                and next_hop(m.id, feeder) != feeder
+                and direct_possible(self.head.site_of, feeder, m.id)):
             # not a tree neighbour: over a direct link, not through the tree
+            # (none into a site from outside it: its hosts answer their gateway only)
             msg["port"], msg["addrs"] = m.addr
             if self.no_direct and self.head.name_of(m.id) == self.no_direct:
                 msg["port"] = 1         # the test-only fault: nobody listens there
