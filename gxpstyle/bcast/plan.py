@@ -143,10 +143,11 @@ def chain_gateways(t: Transfer, site_of: Callable[[str], Optional[str]]) -> None
 
 def direct_possible(site_of: Callable[[str], Optional[str]], a: str, b: str) -> bool:
     """Whether a direct link between nodes a and b may be tried: both in one
-    site (or in none: a flat network), or both gateways (they share the WAN).
-    A site's other hosts answer only their gateway."""
+    site (or in none: a flat network), or both outside every site's inside (a
+    gateway, a node in no site: they share the WAN). A site's other hosts
+    answer only their gateway."""
     sa, sb = site_of(a), site_of(b)
-    return sa == sb or (sa == a and sb == b)
+    return sa == sb or ((sa is None or sa == a) and (sb is None or sb == b))
 
 
 def next_hop(node: str, toward: str) -> str:

@@ -193,8 +193,11 @@ class GMountNode(ChangeFeed, NodeSide):
         # one replica store for every peer, kept for the session
         cache = self.cache = ReplicaCache.persistent(self.cache_dir, limit=cfg.cache_size)
         branches: List[Branch] = [LocalBranch(cfg.export, node=cfg.host_name)]
+        own_id = self.host.id.rsplit(".", 1)[0] if self.host is not None else ""   # our agent
         for p in peers:
-            host = pick_address(list(p.get("addrs") or []), self.own)
+            # None: along the tree at once (another site's host answers its gateway only)
+            host = pick_address(list(p.get("addrs") or []), self.own) if site_cache.direct_way(
+                own_id, site, str(p.get("id") or ""), str(p.get("site") or "")) else None
             branches.append(DirectBranch(host, int(p["port"]), self.key, self.pin,
                                          node=str(p["node"]), cipher=cfg.cipher, cache=cache,
                                          timeout=cfg.timeout, via_tree=tree_way(
