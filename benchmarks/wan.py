@@ -6,6 +6,7 @@ from home over the same WAN, and the bytes that crossed the WAN (issue 28).
 Run as root (the test bed needs it), from the checkout, after scripts/install:
 
     /opt/gxpstyle/venv/bin/python benchmarks/wan.py [--size MiB] [--reps N] [--quick]
+        [--workflow-only | --bcast-only] [--wf-ref MiB] [--wf-split MiB] [--wf-trace DIR]
 
 The bed (tests/testbed/sites.py): two sites of 8 hosts (sa01..sa08 behind
 gateway ga, sb01..sb08 behind gb) and the head; the WAN joins the head and the
@@ -31,8 +32,10 @@ the page cache is dropped before each read; `dd bs=1M` reads it sequentially):
                    fetches it itself);
   bcast 16 hosts   `gxpc bcast` of a file of the head's, and of one of sb01's,
                    to the 16 site hosts, against the time one copy takes over
-                   the WAN link (S/B; from home the head's own link, shaped
-                   like every WAN link, carries a copy for each site: 2 S/B).
+                   the WAN link (S/B); from home the head's link carries one
+                   copy (to ga, which feeds gb over a link between the
+                   gateways, gxpstyle/bcast/plan.py), so 1 S/B is the bound;
+                   the WAN bytes of home's own link are shown apart.
   workflow         BWA-shaped: a reference and 16 splits at home; a recipe per
                    split reads the reference and its split (`cat ref split |
                    md5sum`), 8 of them pinned to each site (GXP_ON), and a merge
@@ -54,7 +57,7 @@ ours/anchor (higher is better), the WAN's share of its rate, and WAN bytes /
 file size. Defaults: 64 MiB, --reps 1 (a pass is several minutes at 20 Mbit/s,
 the anchor of the site case alone 8 copies over the WAN); --quick: 16 MiB.
 The workflow: --wf-ref MiB (default 16) and --wf-split MiB (default 1; --quick
-4 and 1); --workflow-only runs only it.
+4 and 1); --workflow-only runs only it, --bcast-only only the two bcast cases.
 Everything is cleaned up whatever happens (the sshfs mount, the session, the
 bed, /dev/fuse's mode). Standard library only, plus tests/testbed/
 and benchmarks/bench_harness.py.
@@ -87,12 +90,14 @@ class WanBench(Bench):
     call_timeout = 1800
     leftover_fuse_only = True
 
-    def __init__(self, logger, size_mib: int, reps: int, wf: tuple = (16, 1, False, None)) -> None:
+    def __init__(self, logger, size_mib: int, reps: int, wf: tuple = (16, 1, False, None),
+                 bcast_only: bool = False) -> None:
         super().__init__(logger)
         self.size = size_mib * MIB
         self.reps = reps
         self.wf_ref, self.wf_split, self.workflow_only = wf[0] * MIB, wf[1] * MIB, wf[2]
         self.wf_trace: str | None = wf[3]         # a directory for gxpc make's traces
+        self.bcast_only = bcast_only
         self.home_sshd: subprocess.Popen | None = None
         self.wf_sshfs_on: list = []        # site hosts with the workflow's sshfs mounted
         tag = uuid.uuid4().hex[:6]
@@ -184,6 +189,12 @@ class WanBench(Bench):
                            capture_output=True, text=True, check=True)
         return sum(link.get("stats64", {}).get("tx", {}).get("bytes", 0) for link in json.loads(r.stdout))
 
+    def home_sent(self) -> int:
+        """Bytes home sent into the WAN: what the router received on home's link."""
+        r = subprocess.run(["ip", "-n", self.bed.router_ns, "-s", "-j", "link", "show", "head0"],
+                           capture_output=True, text=True, check=True)
+        return json.loads(r.stdout)[0]["stats64"]["rx"]["bytes"]
+
     def timed_read(self, key: str, path: str, host: str | None = None) -> None:
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3\n")
@@ -240,11 +251,12 @@ class WanBench(Bench):
             for _ in range(self.size // MIB):
                 f.write(os.urandom(MIB))
         os.chown(src, self.user.uid, self.user.gid)
-        before = self.wan_bytes()
+        before, home_before = self.wan_bytes(), self.home_sent()
         where = src if host is None else "%s:/tmp/bcast-src" % host
         dt, _ = self.gxpc("bcast", "--hosts", "sa[[01-08]] sb[[01-08]]", where, self.bcast_dest)
         self.add(key + " s", dt)
         self.add(key + " wan", (self.wan_bytes() - before) / self.size)
+        self.add(key + " home", (self.home_sent() - home_before) / self.size)
         self.gxpc("e", "--hosts", "sa[[01-08]] sb[[01-08]]", "rm -f %s" % self.bcast_dest)
         os.unlink(src)
 
@@ -368,6 +380,14 @@ class WanBench(Bench):
             for rep in range(self.reps):
                 self.workflow_cases(rep)
             return
+        if self.bcast_only:
+            for rep in range(self.reps):
+                self.bcast("bcast", None)
+                self.bcast("bcast b", "sb01")
+                log("rep %d: bcast home %.1fs (home's link %.2f copies), sb01 %.1fs" % (
+                    rep + 1, self.samples["bcast s"][-1], self.samples["bcast home"][-1],
+                    self.samples["bcast b s"][-1]))
+            return
         export_b = self.export
         self.as_user(["sshfs", "-o", "ssh_command=ssh -J gb", "sb01:" + export_b, self.sshfs_mnt])
         self.sshfs_mounted = True
@@ -393,7 +413,8 @@ class WanBench(Bench):
     def report(self) -> None:
         if not self.workflow_only:
             self.report_reads()
-        self.report_workflow()
+        if not self.bcast_only:
+            self.report_workflow()
         for line in self.noticed_lines():
             print(line)
 
@@ -404,7 +425,8 @@ class WanBench(Bench):
               % (self.wf_ref // MIB, SPLITS, self.wf_split // MIB, unique / 1e6, self.reps,
                  load_average()))
         print("%-38s %9s %11s %14s %10s" % ("case", "seconds", "vs anchor", "WAN/unique", "vs WAN"))
-        ideal = unique / (WAN_MBIT / 8.0 * 1e6)     # the head's own link carries both sites' bytes
+        # the head's own link carries the reference once (ga feeds gb) and every split
+        ideal = (self.wf_ref + SPLITS * self.wf_split) / (WAN_MBIT / 8.0 * 1e6)
         for key, label in (("wf sshfs", "every site host via sshfs (anchor)"),
                            ("wf off", "GMount, site caches off (anchor)"),
                            ("wf ours", "GMount, site caches")):
@@ -413,7 +435,8 @@ class WanBench(Bench):
                 label, s, "%.2fx/%.2fx" % (self.med("wf sshfs s") / s, self.med("wf off s") / s),
                 self.med(key + " wan"), s / ideal))
         print("vs anchor: sshfs seconds / these, caches-off seconds / these (higher is better); "
-              "vs WAN: seconds / (unique bytes / the WAN link's rate)")
+              "vs WAN: seconds / (what the head's link must carry, the reference and the "
+              "splits once, / the WAN link's rate)")
 
     def report_reads(self) -> None:
         mb = self.size / 1e6
@@ -432,13 +455,16 @@ class WanBench(Bench):
                 ("bcast b", "bcast sb01 -> the 16 site hosts", None)]
         for key, label, anchor in rows:
             s = self.med(key + " s")
+            if s is None:       # not run (--bcast-only)
+                continue
             versus = ratio_text(mb / self.med(anchor + " s"), mb / s) if anchor else ""
             print("%-38s %9.2f %8.2f %11s %7.0f%% %14.2f" % (
                 label, s, mb / s, versus, 100 * mb / s / wan_mbs, self.med(key + " wan")))
-        # from home, the head's own link (wan_rate) carries a copy per site: 2 S/B at least
+        # one copy over one WAN link (S/B) is the bound from home and from sb01 alike
         print("bcast: %.2fx (from home) and %.2fx (from sb01) the time one copy takes over "
-              "the WAN link (S/B)" % (self.med("bcast s") / (mb / wan_mbs),
-                                      self.med("bcast b s") / (mb / wan_mbs)))
+              "the WAN link (S/B); home's own link carried %.2f copies from home"
+              % (self.med("bcast s") / (mb / wan_mbs), self.med("bcast b s") / (mb / wan_mbs),
+                 self.med("bcast home")))
 
 
 def load_average() -> str:
@@ -454,6 +480,7 @@ def main(argv=None) -> int:
     p.add_argument("--wf-ref", type=int, default=16, help="the workflow's reference, MiB (default 16)")
     p.add_argument("--wf-split", type=int, default=1, help="each of its 16 splits, MiB (default 1)")
     p.add_argument("--workflow-only", action="store_true", help="only the workflow case")
+    p.add_argument("--bcast-only", action="store_true", help="only the two bcast cases")
     p.add_argument("--wf-trace", metavar="DIR", help="gxpc make's trace of each workflow run "
                    "into DIR (writable by every user; gxpc plot draws one)")
     a = p.parse_args(argv)
@@ -464,7 +491,9 @@ def main(argv=None) -> int:
         p.error("--wf-ref is 1..1024 MiB and --wf-split 1..256 MiB")
     wf = (4 if a.quick else a.wf_ref, a.wf_split, a.workflow_only,
           os.path.abspath(a.wf_trace) if a.wf_trace else None)
-    return main_driver(WanBench, log, size, 1 if a.quick else a.reps, wf)
+    if a.workflow_only and a.bcast_only:
+        p.error("give --workflow-only or --bcast-only, not both")
+    return main_driver(WanBench, log, size, 1 if a.quick else a.reps, wf, a.bcast_only)
 
 
 if __name__ == "__main__":

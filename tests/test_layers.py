@@ -73,7 +73,8 @@ HEAD_PRIVATE = {"gxpstyle.head.daemon", "gxpstyle.head.service_host", "gxpstyle.
 CORE_SERVICES = {
     "explore": {"gxpstyle.head.explorer", "gxpstyle.head.spanning_tree", "gxpstyle.config.use_rules"},
     "exec": {"gxpstyle.shell.service"},
-    "bcast": {"gxpstyle.bcast.service", "gxpstyle.bcast.node", "gxpstyle.bcast.direct_links"},
+    "bcast": {"gxpstyle.bcast.service", "gxpstyle.bcast.plan", "gxpstyle.bcast.node",
+              "gxpstyle.bcast.direct_links"},
     "replicas": {"gxpstyle.replicas.service", "gxpstyle.replicas.catalog"},
 }
 # The explorer builds the tree: its HeadAPI is the head's TreeHost.

@@ -29,7 +29,9 @@ feeds the next over a direct link (bcast/direct_links.py) once it listens; a mem
 cannot listen or be reached is fed along the tree, and one that stalls has the
 nodes it fed fed by another holder (`_watch`). Between sites data rides the agent
 links (framed messages routed through the tree): authenticated, encrypted, and
-they cross gateways. `start()` is the engine's entry point for other
+they cross gateways; except that the gateways of several sites fed from home
+feed each other in a chain over direct links, so home's WAN link carries the
+file once (bcast/plan.py). `start()` is the engine's entry point for other
 services (a push of make's inputs is a transfer with one or more targets, a
 pull is one with a single target and the holders, in random order, as sources).
 
@@ -39,12 +41,23 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from gxpstyle.api.interfaces import BcastAPI, Shell
 from gxpstyle.api.interfaces import Transfer as TransferView
 from gxpstyle.api.services import Message, Service, Verb
+from gxpstyle.bcast.plan import (
+    CHUNK,
+    Member,
+    Transfer,
+    chain_gateways,
+    chain_sites,
+    depth,
+    direct_possible,
+    next_hop,
+    on_path,
+    plan_tree,
+)
 from gxpstyle.config import hostpattern
 from gxpstyle.protocol import wire
 from gxpstyle.protocol.schema import Bool, Int, ListOf, Opt, Rec, Str
@@ -52,7 +65,6 @@ from gxpstyle.protocol.schema import Bool, Int, ListOf, Opt, Rec, Str
 if TYPE_CHECKING:
     from gxpstyle.api.head_api import HeadAPI
 
-CHUNK = wire.CHUNK
 PROGRESS_EVERY = 0.5
 
 _BC = Int(0, (1 << 63) - 1)
@@ -89,56 +101,6 @@ CHAIN_LEN = 64
 # fallen behind (stopped, swapping, its disk slow): the nodes it feeds are fed
 # by another holder, so one slow node in a chain holds up only itself.
 STALL_SECONDS = 4.0
-
-
-@dataclass
-class Member:
-    """A node of one transfer: a source, a receiver (target or relay), or both."""
-    id: str
-    target: bool = False
-    relay: bool = False
-    source: bool = False       # holds the whole file (a usable source)
-    have: int = 0              # chunks it holds in order
-    feeder: Optional[str] = None
-    done: bool = False
-    error: str = ""
-    waiting: bool = False      # a chain member: its feeder is told once it listens
-    addr: Optional[tuple] = None    # (port, addresses) of its direct-link listener
-    no_direct: bool = False    # its direct link failed: fed along the tree from now on
-    moved: float = 0.0         # when it was last fed or last reported progress
-    stalled: bool = False      # fell behind: feeds nobody new until it moves again
-
-
-@dataclass
-class Transfer:
-    id: int
-    path: str
-    dest: str
-    sources: List[str]
-    targets: List[str]
-    on_done: Callable[[Transfer], None]
-    on_progress: Optional[Callable[[Transfer], None]] = None
-    client: str = ""           # the client that asked, if any (its leaving stops the transfer)
-    chunks_sha: str = ""       # SHA-256 of the chunks' SHA-256s (receivers check it)
-    dests: Dict[str, str] = field(default_factory=dict)   # target -> its own dest, if not `dest`
-    members: Dict[str, Member] = field(default_factory=dict)
-    opened: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    size: int = 0
-    mode: int = 0o644
-    sha: str = ""
-    primary: str = ""          # the source the plan starts from
-    n: int = 0
-    error: str = ""            # the whole transfer failed (no source)
-    started: float = field(default_factory=time.monotonic)
-    ended: float = 0.0
-    finished: bool = False
-
-    def failed(self) -> Dict[str, str]:
-        return {m.id: m.error for m in self.members.values() if m.target and m.error}
-
-    def bytes_done(self) -> int:
-        """Bytes the targets hold, summed."""
-        return sum(min(m.have * CHUNK, self.size) for m in self.members.values() if m.target)
 
 
 class BcastService(Service, BcastAPI):
@@ -210,7 +172,7 @@ class BcastService(Service, BcastAPI):
         path: List[str] = []
         hop = nid
         while True:                 # the tree path to the first member that is fed
-            nxt = _next_hop(hop, t.primary)
+            nxt = next_hop(hop, t.primary)
             hm = t.members.get(nxt)
             if hm is not None and hm.error and not hm.source:
                 return False
@@ -257,25 +219,12 @@ class BcastService(Service, BcastAPI):
         for s in good:
             if s not in replicas:
                 self.head.log("bcast %d: %s has a different %s; not used" % (t.id, s, t.path))
-        primary = t.primary = replicas[0]
+        t.primary = replicas[0]
         for s in replicas:
             t.members[s] = Member(s, source=True, have=t.n)
-        for nid in t.targets:
-            m = t.members.setdefault(nid, Member(nid))
-            m.target = True
-            m.have = 0
-            m.feeder = nid if m.source else None
-            hop = nid
-            while m.feeder is None:     # walk the tree path towards the primary
-                nxt = _next_hop(hop, primary)
-                hm = t.members.get(nxt)
-                if hm is None:
-                    hm = t.members[nxt] = Member(nxt, relay=True)
-                m.feeder = nxt
-                if hm.source or hm.feeder is not None:
-                    break
-                m, hop = hm, nxt
-        self._chain_sites(t)
+        plan_tree(t)
+        chain_sites(t, self.chain_len)
+        chain_gateways(t, self.head.site_of)
         t.dest = t.dest.replace("{sha256}", t.sha)
         t.dests = {k: v.replace("{sha256}", t.sha) for k, v in t.dests.items()}
         for m in t.members.values():
@@ -298,32 +247,6 @@ class BcastService(Service, BcastAPI):
             "chunks_sha256": t.chunks_sha, "chunk": CHUNK,
             "dest": t.dests.get(m.id, t.dest) if m.target else "",
             "name": os.path.basename(t.path.rstrip("/")) or "file", "listen": m.waiting})
-
-    def _chain_sites(self, t: Transfer) -> None:
-        """Inside a site (the targets fed by their common tree parent, which
-        feed nobody else), a pipelined chain instead of a star: the parent feeds
-        the first, each feeds the next over a direct link while it receives, so
-        the parent's uplink carries the file once, not once per child. A site
-        larger than chain_len gets several chains, interleaved. The members
-        after the first wait until they listen (`listening`)."""
-        if self.chain_len < 2:
-            return
-        feeding = {m.feeder for m in t.members.values() if m.feeder != m.id}
-        sites: Dict[str, List[Member]] = {}
-        for m in t.members.values():
-            if (m.target and not m.source and m.feeder is not None and m.id not in feeding
-                    and m.feeder == m.id.rsplit(".", 1)[0]):
-                sites.setdefault(m.feeder, []).append(m)
-        for site in sites.values():
-            if len(site) < 2:
-                continue
-            site.sort(key=lambda m: _id_key(m.id))
-            k = -(-len(site) // self.chain_len)
-            now = time.monotonic()
-            for j in range(k):
-                chain = site[j::k]
-                for prev, m in zip(chain, chain[1:]):
-                    m.feeder, m.waiting, m.moved = prev.id, True, now
 
     def on_listening(self, src: str, msg: Dict[str, Any]) -> None:
         """A chain member listens: its feeder connects to it (or, if it could not
@@ -358,7 +281,7 @@ class BcastService(Service, BcastAPI):
     def _tree_feed(self, t: Transfer, m: Member) -> None:
         """Feed m from its neighbour towards the primary if that one holds or
         gets the file, else from whichever holder _refeed finds."""
-        hop = _next_hop(m.id, t.primary)
+        hop = next_hop(m.id, t.primary)
         hm = t.members.get(hop)
         if (hm is not None and self.head.is_up(hop)
                 and (hm.source or (not hm.error and hm.feeder is not None and not hm.waiting))):
@@ -396,11 +319,11 @@ class BcastService(Service, BcastAPI):
                 if not fed:
                     continue
                 m.stalled = True
-                self.head.log("bcast %d: %s has not moved for %.0fs; feeding the nodes it "
-                                    "fed from another holder" % (
-                                        t.id, self.head.name_of(m.id), now - m.moved))
-                for c in fed:
-                    self._refeed(t, c, avoid=m.id)
+                moved = [c for c in fed if self._refeed(t, c, avoid=m.id, around=m.id)]
+                if moved:
+                    self.head.log("bcast %d: %s has not moved for %.0fs; feeding %d of the nodes "
+                                  "it fed from another holder" % (
+                                      t.id, self.head.name_of(m.id), now - m.moved, len(moved)))
         if self.transfers:
             self._watch_later()
 
@@ -413,8 +336,10 @@ class BcastService(Service, BcastAPI):
             msg["corrupt"] = self.fault[1]
             self.fault = None
         if (m.addr is not None and not m.no_direct and feeder != m.id
-                and _next_hop(m.id, feeder) != feeder):
+                and next_hop(m.id, feeder) != feeder
+                and direct_possible(self.head.site_of, feeder, m.id)):
             # not a tree neighbour: over a direct link, not through the tree
+            # (none into a site from outside it: its hosts answer their gateway only)
             msg["port"], msg["addrs"] = m.addr
             if self.no_direct and self.head.name_of(m.id) == self.no_direct:
                 msg["port"] = 1         # the test-only fault: nobody listens there
@@ -457,9 +382,13 @@ class BcastService(Service, BcastAPI):
             if child.feeder == m.id and child is not m and not child.error and not child.done:
                 self._refeed(t, child, avoid=m.id)
 
-    def _refeed(self, t: Transfer, m: Member, avoid: str) -> None:
+    def _refeed(self, t: Transfer, m: Member, avoid: str, around: str = "") -> bool:
         """Feed m from another holder: a replica first, else the most advanced
-        node not fed through m (which could never get ahead of it)."""
+        node not fed through m (which could never get ahead of it). With
+        `around` (a node that fell behind), only a holder whose feed would not
+        pass through that node: one on the far side of a gateway whose WAN link
+        is merely busy would send the same bytes over that link a second time
+        (issue 28); with none, m keeps its feeder. Whether m was fed anew."""
         def fed_through(c: Member) -> bool:
             seen = set()
             while c.feeder is not None and c.feeder != c.id and c.id not in seen:
@@ -471,15 +400,27 @@ class BcastService(Service, BcastAPI):
         cands = [c for c in t.members.values()
                  if c is not m and self.head.is_up(c.id) and not fed_through(c)
                  and not c.stalled
-                 and (c.source or (not c.error and c.feeder is not None))]
-        cands.sort(key=lambda c: (c.id == avoid, not c.source, -c.have, _depth(c.id)))
+                 and (c.source or (not c.error and c.feeder is not None))
+                 and not (around and self._passes(t, c.id, m, around))]
+        cands.sort(key=lambda c: (c.id == avoid, not c.source, -c.have, depth(c.id)))
+        if not cands and around:
+            return False
         if not cands:
             self._fail(t, m, "no holder of %s is left to fetch it from" % t.path)
-            return
+            return True
         old = m.feeder
         if old is not None and old != cands[0].id and self.head.is_up(old):
             self.head.send_node(old, "drop", {"bc": t.id, "child": m.id})
         self._feed(t, m, cands[0].id)
+        return True
+
+    def _passes(self, t: Transfer, feeder: str, m: Member, node: str) -> bool:
+        """Whether `feeder`'s chunks to m would go through `node`: along the
+        tree when no direct link can carry them (m does not listen, or the
+        feeder is in another site, where a direct link cannot be made)."""
+        direct = (m.addr is not None and not m.no_direct
+                  and direct_possible(self.head.site_of, feeder, m.id))
+        return not direct and on_path(feeder, m.id, node)
 
     def node_lost(self, lost: str, reason: str) -> None:
         for t in list(self.transfers.values()):
@@ -571,20 +512,3 @@ class BcastService(Service, BcastAPI):
         t = self.start(sources, args["src"], targets, args["dest"], done, progress)
         t.client = cid
 
-
-def _next_hop(node: str, toward: str) -> str:
-    """The neighbour of `node` on the explored tree's path to `toward`."""
-    if toward.startswith(node + "."):
-        return node + "." + toward[len(node) + 1:].split(".", 1)[0]
-    return node.rsplit(".", 1)[0]
-
-
-def _depth(nid: str) -> int:
-    return nid.count(".")
-
-
-def _id_key(nid: str) -> List[int]:
-    try:
-        return [int(x) for x in nid.split(".")]
-    except ValueError:
-        return [1 << 30]

@@ -109,7 +109,7 @@ class _Resuming(ReadHandle):
 class DirectBranch(Branch):
     """A remote export reached over the direct data channel."""
 
-    def __init__(self, host: str, port: int, key: bytes, pin: Optional[str], node: str,
+    def __init__(self, host: Optional[str], port: int, key: bytes, pin: Optional[str], node: str,
                  cipher: bool = True, cache_dir: Optional[str] = None,
                  timeout: float = CALL_SECONDS,
                  connect_timeout: float = link_auth.HANDSHAKE_SECONDS,

@@ -48,6 +48,18 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional
 
 
+def direct_way(own_id: str, own_site: str, peer_id: str, peer_site: str) -> bool:
+    """Whether this mount may try a direct connection to a peer's export: both
+    in one site (or both in none), or both outside every site's inside (a
+    gateway, a node in no site: they share the WAN). A site's other hosts
+    answer their gateway only: a try there fails (on a real network often by
+    its timeout, a private address that nobody answers) before the tree carries
+    the channel anyway. Sites unknown (a mount with site_cache=off): always."""
+    def outside(nid: str, site: str) -> bool:
+        return not site or site == nid
+    return own_site == peer_site or (outside(own_id, own_site) and outside(peer_id, peer_site))
+
+
 def pick_proxy(proxies: List[str], holder: str, rel: str) -> Optional[str]:
     """The proxy (by name) that caches file `rel` of `holder` for its site:
     the highest hash of (proxy, holder, rel); None without proxies."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from gxpstyle.bcast.service import BcastService
 from gxpstyle.head.daemon import NodeInfo
 
-TREE = ["0", "0.1", "0.2", "0.3", "0.1.1", "0.1.2"]
+TREE = ["0", "0.1", "0.2", "0.3", "0.1.1", "0.1.2", "0.2.1"]
 
 
 class FakeHead:
@@ -18,6 +18,7 @@ class FakeHead:
         self.sent = []
         self.replies = []
         self.logs = []
+        self.sites = {}             # node -> its site's gateway (none: a flat network)
 
     def send_node(self, dst, mtype, body):
         self.sent.append((dst, dict(body, op="bc_" + mtype)))
@@ -30,6 +31,9 @@ class FakeHead:
 
     def name_of(self, nid):
         return self.tree[nid].name if nid in self.tree else nid
+
+    def site_of(self, nid):
+        return self.sites.get(nid)
 
     def call_later(self, delay, fn):
         return 0
@@ -210,3 +214,51 @@ def test_a_chain_member_that_never_says_it_listens_is_fed_along_the_tree_and_so_
         t.members[nid].moved -= 60
     svc._watch()
     assert feeds(head) == {"0.2": ("0", 0), "0.3": ("0", 0)}
+
+
+def test_a_relay_behind_a_busy_wan_link_keeps_its_children():
+    # issue 28: a gateway's relay waiting on its WAN link looked stalled, and
+    # the node it fed was fed again from the head, through that same gateway:
+    # the file crossed the WAN twice.
+    head, svc, t, done = started(["0"], ["0.1.1", "0.1.2"], chain_len=8)
+    head.sites = {"0.1": "0.1", "0.1.1": "0.1", "0.1.2": "0.1"}
+    listening(svc, t, "0.1.2")
+    assert feeds(head) == {"0.1": ("0", 0), "0.1.1": ("0.1", 0), "0.1.2": ("0.1.1", 0)}
+    for nid, have in (("0.1", 5), ("0.1.1", 5), ("0.1.2", 5)):
+        svc.on_state(nid, {"op": "bc_state", "bc": t.id, "have": have, "done": False, "error": "",
+                           "bad": ""})
+        t.members[nid].moved -= 60                      # the relay waits on the WAN
+    svc._watch()
+    assert feeds(head) == {} and head.take("bc_drop") == []
+
+
+SITES = {"0.1": "0.1", "0.1.1": "0.1", "0.1.2": "0.1", "0.2": "0.2", "0.2.1": "0.2"}
+
+
+def test_the_gateways_of_two_sites_fed_from_home_feed_each_other():
+    # issue 28: home's WAN link carries the file once, not once per site
+    head = FakeHead()
+    head.sites = SITES
+    svc = BcastService(head)
+    t = svc.start(["0"], "/data/f", ["0.1.1", "0.2.1"], "/scratch/f", lambda t: None)
+    svc.on_opened("0", {"op": "bc_opened", "bc": t.id, "ok": True, "error": "", "size": 10 << 20,
+                        "mode": 0o644, "sha256": "ab" * 32})
+    assert feeds(head) == {"0.1": ("0", 0), "0.1.1": ("0.1", 0), "0.2.1": ("0.2", 0)}
+    assert {d: m["listen"] for d, m in head.take("bc_plan")}["0.2"] is True
+    listening(svc, t, "0.2")
+    sent = {m["child"]: (d, m.get("port")) for d, m in head.take("bc_feed")}
+    assert sent == {"0.2": ("0.1", 4000)}                 # over a direct link between gateways
+    svc.on_nolink("0.1", {"op": "bc_nolink", "bc": t.id, "child": "0.2",
+                          "error": "direct link to 10.0.0.2:4000: timed out"})
+    assert feeds(head) == {"0.2": ("0", 0)}               # they cannot: along the tree
+
+
+def test_no_direct_link_into_a_site_from_outside_it():
+    head, svc, t, done = started(["0"], ["0.1.1", "0.1.2"], chain_len=8)
+    head.sites = SITES
+    listening(svc, t, "0.1.2")
+    feeds(head)
+    svc.on_state("0.1.2", {"op": "bc_state", "bc": t.id, "have": 3, "done": False, "error": "",
+                           "bad": "0.1.1"})
+    sent = [(d, m["child"], m.get("port")) for d, m in head.take("bc_feed")]
+    assert sent == [("0", "0.1.2", None)]                 # home feeds it, along the tree

@@ -8,7 +8,7 @@ from __future__ import annotations
 from gxpstyle.config.use_rules import make_rule
 from gxpstyle.head import sites
 from gxpstyle.head.daemon import NodeInfo
-from sshfsmux.gmount.site_cache import SiteProxies, pick_proxy
+from sshfsmux.gmount.site_cache import SiteProxies, direct_way, pick_proxy
 
 
 def _tree(edges):
@@ -61,3 +61,16 @@ def test_every_reader_of_a_site_picks_the_same_proxy_and_a_removal_moves_only_it
             assert choose(f) == (None if want == "sb01" else "branch:" + want)
     assert proxies.chooser("sb02") is None
     assert SiteProxies("vm", "", peers, branches).chooser("sa01") is None
+
+
+def test_a_mount_tries_a_direct_connection_only_where_one_can_exist():
+    # issue 28: a site's hosts answer their gateway only; a try from outside
+    # costs its failure (a timeout on a private address) before the tree
+    assert direct_way("0.1.1", "0.1", "0.1.2", "0.1")            # inside one site
+    assert direct_way("0.1", "0.1", "0.2", "0.2")                # gateway to gateway
+    assert direct_way("0", "", "0.1", "0.1")                     # home to a gateway
+    assert direct_way("0.3", "", "0.4", "")                      # a flat network
+    assert not direct_way("0", "", "0.1.1", "0.1")               # home into a site
+    assert not direct_way("0.1.1", "0.1", "0", "")               # a site's host out
+    assert not direct_way("0.1.1", "0.1", "0.2", "0.2")          # to another gateway
+    assert not direct_way("0.1", "0.1", "0.2.1", "0.2")          # into another site

@@ -14,7 +14,7 @@ from gxpstyle.api.interfaces import STAGE_MIN_BYTES
 from gxpstyle.head.daemon import NodeInfo
 from gxpstyle.replicas.catalog import ReplicaCatalog
 from make_backend.command.make_command import MakeUsage, parse_size
-from make_backend.head.transfer_plan import INF, TransferPlanner
+from make_backend.head.transfer_plan import INF, SMALL_AT_ONCE, TransferPlanner
 
 MIB = 1 << 20
 SMALL = 100 << 10     # pulled (under the pull threshold, above STAGE_MIN_BYTES)
@@ -196,8 +196,8 @@ def test_small_files_are_pulled_from_holders_in_random_or_fixed_order():
 
 def test_a_node_receives_one_transfer_at_a_time_by_default():
     head = FakeHead()
-    head.catalog.add("/mnt/a", "0.1", SMALL, 1.0)
-    head.catalog.add("/mnt/b", "0.2", SMALL, 1.0)
+    head.catalog.add("/mnt/a", "0.1", 512 << 10, 1.0)
+    head.catalog.add("/mnt/b", "0.2", 512 << 10, 1.0)
     p = _planner(head)
     ran = []
     p.stage(("c", 1), "0.3", ["/mnt/a", "/mnt/b"], lambda: ran.append(1))
@@ -209,11 +209,34 @@ def test_a_node_receives_one_transfer_at_a_time_by_default():
     head.finish(1)
     assert ran == [1]
     p2 = _planner(FakeHead(), transfer_slots=2)
-    p2.head.catalog.add("/mnt/a", "0.1", SMALL, 1.0)
-    p2.head.catalog.add("/mnt/b", "0.2", SMALL, 1.0)
+    p2.head.catalog.add("/mnt/a", "0.1", 512 << 10, 1.0)
+    p2.head.catalog.add("/mnt/b", "0.2", 512 << 10, 1.0)
     p2.stage(("c", 1), "0.3", ["/mnt/a", "/mnt/b"], lambda: None)
     p2.head.fire()
     assert len(p2.head.started) == 2
+
+
+def test_small_files_take_no_slot_and_come_together():
+    # issue 28: a merge's 15 small inputs, pulled one at a time across the WAN
+    head = FakeHead(n=24)
+    head.catalog.add("/mnt/big", "0.1", 512 << 10, 1.0)
+    paths = ["/mnt/big"]
+    for i in range(20):
+        head.catalog.add("/mnt/out%d" % i, "0.%d" % (2 + i), SMALL, 1.0)
+        paths.append("/mnt/out%d" % i)
+    p = _planner(head)
+    ran = []
+    p.stage(("c", 1), "0.23", paths, lambda: ran.append(1))
+    head.fire()
+    # the big one takes the slot; 16 small ones run beside it, the rest wait
+    assert len(head.started) == 1 + SMALL_AT_ONCE
+    for i in range(len(head.started)):
+        head.finish(i)
+    head.fire()
+    assert len(head.started) == len(paths) and ran == []
+    for i in range(1 + SMALL_AT_ONCE, len(paths)):
+        head.finish(i)
+    assert ran == [1]
 
 
 def test_nothing_to_copy_starts_at_once_and_a_failure_still_starts_the_recipe():
