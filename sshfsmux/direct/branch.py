@@ -143,9 +143,6 @@ class DirectBranch(Branch):
         # rel -> the site proxy's branch that reads this holder's file `rel`
         # for this mount, or None (site_cache.py); None: no proxying
         self.site_proxy: Optional[Callable[[str], Optional[DirectBranch]]] = None
-        # rel -> (size, mtime) of this holder's file as the mount's namespace
-        # copy has it, or None (GMount: the head's catalog, kept current)
-        self.known: Optional[Callable[[str], Optional[Tuple[int, float]]]] = None
         # fetches under way (key -> fetch, a descriptor of its replica file)
         self._inflight: Dict[str, Tuple[_Fetch, int]] = {}
         self._inflight_lock = threading.Lock()
@@ -380,9 +377,6 @@ class DirectBranch(Branch):
         proxy's branch (read_peer, site_cache.py), else from this export
         (read_file). A fetch of the same file under way is joined, not repeated."""
         key = self.replica_key(_rel(path))
-        kept = self._known_replica(path, key)
-        if kept is not None:
-            return kept
         # one opener of a file at a time: the others wait for its answer and
         # join its fetch (a site proxy's readers come at once)
         with self._inflight_lock:
@@ -396,26 +390,6 @@ class DirectBranch(Branch):
                 opening[1] -= 1
                 if not opening[1]:
                     del self._opening[key]
-
-    def _known_replica(self, path: str, key: str
-                       ) -> Optional[Tuple[ReadHandle, Tuple[int, ...], Optional[_Fetch]]]:
-        """The replica, opened with no request to the holder, when the
-        namespace copy says the holder's file has the size and mtime the
-        replica was fetched at (the copy hears every change of it, and its
-        replicas are dropped then: GMount's node). None: ask the holder."""
-        known = self.known(_rel(path)) if self.known is not None else None
-        cand = self.cache.current(key) if known is not None else None
-        if known is None or cand is None or len(cand[0]) != len(HAVE_KEYS):
-            return None
-        size, mtime_ns = cand[0][0], cand[0][1]
-        if size != known[0] or abs(mtime_ns - known[1] * 1e9) >= 1000:
-            return None
-        try:
-            fd = os.open(cand[1], os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return None
-        self.stats["known"] = self.stats.get("known", 0) + 1
-        return _ReplicaReader(fd, None, self.timeout), tuple(cand[0]), None
 
     def _open_versioned(self, path: str, via: Optional[DirectBranch]
                         ) -> Tuple[ReadHandle, Tuple[int, ...], Optional[_Fetch]]:

@@ -206,9 +206,6 @@ class GMountNode(ChangeFeed, NodeSide):
                                          node=str(p["node"]), cipher=cfg.cipher, cache=cache,
                                          timeout=cfg.timeout, via_tree=tree_way(
                                              self.host, p.get("id"), int(p["port"]), self.log)))
-        for b in branches[1:]:
-            assert isinstance(b, DirectBranch)
-            b.known = self._known_file(b.node)
         self.proxies = site_cache.attach(branches, cfg.host_name, site, peers)  # other sites' files
         self.server.peer_source = site_cache.peer_source(lambda: self.fs)
         fs = merged_fs.MergedFS(branches, mountpoint=cfg.mountpoint, read_only=cfg.ro,
@@ -222,22 +219,6 @@ class GMountNode(ChangeFeed, NodeSide):
         calls = self.server.stats["calls"]
         fs.served = lambda: dict(calls)
         return fs
-
-    def _known_file(self, node: str) -> Callable[[str], Optional[Tuple[int, float]]]:
-        """(size, mtime) of `node`'s file rel ("a/b") as the namespace copy
-        has it, or None: a replica fetched at that version is read without
-        asking the holder (direct/branch.py). The copy hears of every change
-        the head's catalog takes; like make (and rsync's quick check) it
-        tells versions apart by size and mtime."""
-        def known(rel: str) -> Optional[Tuple[int, float]]:
-            ns = self.fs.namespace if self.fs is not None else None
-            d, name = os.path.split(rel)
-            listing = ns.dirs.get(d) if ns is not None else None
-            for h in (listing or {}).get(name, ()):
-                if h[0] == node:
-                    return h[1], h[2]
-            return None
-        return known
 
     def _watch_export(self) -> None:
         """Changes made straight into the export go into the change feed too."""
