@@ -62,15 +62,13 @@ class NamespaceView:
         return ns.version == before
 
     def _local_stat_into(self) -> Any:
-        """The one local branch's stat_into (a GMount node's export), or None."""
-        try:
-            return self.__dict__["_stat_into"]
-        except KeyError:
-            pass
-        local = [b for b in self.branches if b.local]
-        into = getattr(local[0], "stat_into", None) if len(local) == 1 else None
-        self.__dict__["_stat_into"] = into
-        return into
+        """The one local branch's stat_into (a GMount node's export), or None.
+        Local branches come first (MergedFS), so it is the first one when the
+        second is not local."""
+        first, rest = self.branches[0], self.branches[1:2]
+        if not first.local or (rest and rest[0].local):
+            return None
+        return getattr(first, "stat_into", None)
 
     def _copy_attrs(self, h: Holder) -> Dict[str, Any]:
         """A remote holder's attributes as the copy knows them (owner: the
