@@ -191,12 +191,14 @@ class NamespaceCopy:
             self.came.notify_all()
         return found
 
-    def update(self, changes: Dict[str, Any]) -> List[str]:
+    def update(self, changes: Dict[str, Any], keep: Any = ()) -> List[str]:
         """Changes the head sent (key -> name -> holders, [] for gone) to
         directories held; returns the mount paths ("/a/b") whose holders
         differ from what the copy held: a change this mount made itself
         comes back as the copy has it already (set_holders), and the
-        kernel's entry for it, made by that very change, stays."""
+        kernel's entry for it, made by that very change, stays. Mount paths
+        in `keep` keep the copy's entry (this mount changed them after what
+        the head sent)."""
         touched = []
         with self.lock:
             self.version += 1
@@ -207,6 +209,8 @@ class NamespaceCopy:
                 for name, hs in names.items():
                     got, name = holder_tuples(hs), str(name)
                     if sorted(got) == sorted(listing.get(name, ())):
+                        continue
+                    if keep and "/" + (key + "/" if key else "") + name in keep:
                         continue
                     if got:
                         listing[name] = got

@@ -31,6 +31,9 @@ COALESCE = 0.02
 RECIPE_HOLD = 1.0
 CHANGES_PAGE = 5000     # paths an answer describes; the rest wait for the next call
 MAX_PENDING = 100000    # paths kept between answers (more: the catalog misses some)
+# reported names kept until the head's word shows it took them (more: the
+# oldest go, and the head's word on them is taken as it comes)
+MAX_UNSETTLED = 100000
 
 
 def page(paths: Set[str], room: int) -> Tuple[List[str], List[str]]:
@@ -60,6 +63,12 @@ class ChangesWaiting:
         self.timer: Optional[int] = None
         self.last_flush = 0.0       # time.monotonic() of the last answer
         self.recipes: Set[str] = set()  # keys of recipes running here (ready .. changed), on the loop
+        # names this mount changed and reported, by the number of the report
+        # ("seq" of an answer), until the head says it took that report
+        # ("taken" of its `ns` calls): what the head sends of them before
+        # then is older than this mount's own change (settled_view)
+        self.reported = 0
+        self.unsettled: Dict[str, int] = {}
 
 
 class ChangeFeed:
@@ -72,14 +81,41 @@ class ChangeFeed:
 
         def in_loop(self, fn: Callable[..., None], *args: Any) -> None: ...
 
-    def _take_pending(self) -> List[str]:
-        """The change feed's names not sent yet, taken out of it."""
+    def _take_pending(self) -> Tuple[List[str], int]:
+        """The change feed's names not sent yet, taken out of it, and the
+        number of the report that carries them."""
         w = self.changes_waiting
         with w.lock:
             paths, w.paths = w.paths, set()
         rels, rest = page(paths, CHANGES_PAGE)   # an answer's worth; the rest as before
         self._requeue([r.lstrip("/") for r in rest])
-        return rels
+        return rels, self._numbered(rels)
+
+    def _numbered(self, rels: List[str]) -> int:
+        """The number of a new report of `rels`; they stay unsettled until
+        the head says it took it."""
+        w = self.changes_waiting
+        with w.lock:
+            w.reported += 1
+            for rel in rels:
+                path = "/" + rel
+                w.unsettled.pop(path, None)     # newest last: the oldest go first
+                w.unsettled[path] = w.reported
+            while len(w.unsettled) > MAX_UNSETTLED:
+                del w.unsettled[next(iter(w.unsettled))]
+            return w.reported
+
+    def _unsettled(self, taken: Any) -> Set[str]:
+        """The names whose catalog entry the head's word may not show yet:
+        changed here and not reported, or in a report after `taken` (the
+        last the head took before it wrote its word)."""
+        w = self.changes_waiting
+        upto = taken if isinstance(taken, int) and not isinstance(taken, bool) else 0
+        with w.lock:
+            for path, seq in list(w.unsettled.items()):
+                if seq <= upto:
+                    del w.unsettled[path]
+            return set(w.unsettled) | w.paths
 
     def _requeue(self, rels: List[str]) -> None:      # any thread
         if not rels:
@@ -162,6 +198,7 @@ class ChangeFeed:
         with w.lock:
             w.paths.update(rest)
             w.local.update(rest_own)
+        seq = self._numbered(rels)
 
         def work() -> None:
             # a name in a directory this mount holds no copy of is answered
@@ -170,7 +207,7 @@ class ChangeFeed:
             # good (a recipe's .deps/x.Po renamed into place on a host)
             copies, gone = copies_of(self.fs, rels)
             here, not_here = export_state(self.cfg.export, own)
-            self.in_loop(reply, True, "", {"copies": copies, "gone": gone,
+            self.in_loop(reply, True, "", {"copies": copies, "gone": gone, "seq": seq,
                                            "here": here, "not_here": not_here})
         # the merged view may ask the holders: not on the node's loop
         self.peer_work.put(work)

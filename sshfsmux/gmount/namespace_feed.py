@@ -88,6 +88,10 @@ class NamespaceFeed:
         # the number of each one's last answered call: a node has one call at
         # a time (_may_call), so it has answered every call up to it
         self.acked: Dict[str, int] = {}
+        # the number of each one's last change report the catalog took
+        # (report_taken): sent with each call, so its mount knows which of
+        # its own changes the entries sent may predate (change_feed.py)
+        self.taken: Dict[str, int] = {}
         # names changed for a service while its last call is unanswered: they
         # go together in its next call, when that answer comes (a slow node
         # gets fewer, bigger calls instead of a queue of small ones)
@@ -114,6 +118,7 @@ class NamespaceFeed:
         self.held.pop(sid, None)
         self.listing_out.pop(sid, None)
         self.acked.pop(sid, None)
+        self.taken.pop(sid, None)
         self._release_node(sid, None)       # nobody waits for a node that is gone
 
     # -- listings ------------------------------------------------------------------
@@ -200,6 +205,13 @@ class NamespaceFeed:
             self.asked(mountpoint, sid, keys)
 
     # -- changes -------------------------------------------------------------------
+    def report_taken(self, sid: str, seq: Any) -> None:
+        """The catalog took change report number `seq` of mount service
+        `sid` (a `changes` or `changed` answer's "seq"; ignored unless an
+        int). Reports of one mount can come by different ways: the highest."""
+        if isinstance(seq, int) and not isinstance(seq, bool) and seq > self.taken.get(sid, 0):
+            self.taken[sid] = seq
+
     def touched(self, mountpoint: str, rels: List[str],
                 done: Callable[[], None] | None = None) -> None:
         """The catalog changed under these names (relative to the mountpoint):
@@ -309,7 +321,8 @@ class NamespaceFeed:
         if self.drop is not None and self.drop == (self._host(sid), seq):
             self.head.at_end(lambda: answered(True, "", {}))
             return
-        self.head.call_role(sid, "ns", {"dirs": dirs, "seq": seq}, answered)
+        self.head.call_role(sid, "ns", {"dirs": dirs, "seq": seq,
+                                        "taken": self.taken.get(sid, 0)}, answered)
 
     def _host(self, sid: str) -> str:
         node = self.head.node(sid)

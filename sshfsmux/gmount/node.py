@@ -287,7 +287,10 @@ class GMountNode(ChangeFeed, NodeSide):
         if fs is None or fs.namespace is None:
             reply(True, "", {})
             return
-        paths = self._gap(args.get("seq")) + fs.namespace.update(args.get("dirs") or {})
+        # names this mount changed that the head's word may predate keep
+        # the copy's (this mount's own) state
+        keep = self._unsettled(args.get("taken"))
+        paths = self._gap(args.get("seq")) + fs.namespace.update(args.get("dirs") or {}, keep)
         fs.forget_access(paths)
         if self.kcache is None:
             reply(True, "", {})
@@ -388,7 +391,8 @@ class GMountNode(ChangeFeed, NodeSide):
         head can hold make's exit status until every mount has acted."""
         from sshfsmux.gmount import export_scan
         rels = [str(p) for p in args.get("paths") or []]
-        pending = self._take_pending() if args.get("describe") or args.get("feed") else []
+        pending, seq = self._take_pending() if args.get("describe") or args.get("feed") \
+            else ([], 0)
         self._pin(args.get("unpin") or [], False)      # a job's inputs, pinned by `ready`
         # `writer`: the recipe ran on this node, through this mount: the
         # kernel here saw its changes to names only this export holds; a
@@ -417,7 +421,8 @@ class GMountNode(ChangeFeed, NodeSide):
             except Exception as e:
                 answer(False, "cannot act on changed files: %s" % e)
                 return
-            answer(True, "", {"files": files, "invalidated": dropped, "copies": copies})
+            answer(True, "", {"files": files, "invalidated": dropped, "copies": copies,
+                              "seq": seq})
         if not shared and self._no_peer_asked(pending) and export_scan.small(self.cfg.export, rels):
             work(reply)         # on the loop: no peer asked, no kernel entry to drop
         else:

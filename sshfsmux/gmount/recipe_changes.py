@@ -150,6 +150,7 @@ class RecipeChanges:
             def answered(ok: bool, error: str, result: Dict[str, Any], m: Mount = mount,
                          nid: str = nid, sid: str = sid, rels: List[str] = rels,
                          holder: bool = holder) -> None:
+                self.feed.report_taken(sid, result.get("seq") if ok else None)
                 self._changed_answer(m, nid, rels, holder, ok, error, result,
                                      lambda: acted((sid, holder)))
             self.head.call_role(sid, "changed", {"paths": rels, "describe": holder, "feed": feed},
@@ -289,6 +290,7 @@ class RecipeChanges:
         changed = self._record(m, calls.nid, calls.rels, result.get("files") or []) \
             if status == 0 else []
         changed += self._take_copies(m, result.get("copies"))
+        self.feed.report_taken(calls.sid, result.get("seq"))
         self.feed.touched(m.mountpoint, changed)
         calls.taken = True
 
@@ -342,11 +344,13 @@ class RecipeChanges:
         one = after(len(calls), done)
         for m, nid, sid in calls:
             def answered(ok: bool, error: str, result: Dict[str, Any], m: Mount = m,
-                         nid: str = nid) -> None:
+                         nid: str = nid, sid: str = sid) -> None:
                 if not ok:
                     self.head.log("gmount: %s: sync: %s" % (self._name(nid), error))
                     one()
                     return
-                self.feed.touched(m.mountpoint, self._take_copies(m, result.get("copies")), one)
+                changed = self._take_copies(m, result.get("copies"))
+                self.feed.report_taken(sid, result.get("seq"))
+                self.feed.touched(m.mountpoint, changed, one)
             self.head.call_role(sid, "changed", {"paths": [], "describe": False, "feed": True},
                                 answered)

@@ -269,6 +269,7 @@ class GMountService(RecipeChanges, Service):
             changed = self._take_copies(m, result.get("copies"))
             changed += file_records.export_changes(self.catalog, m.mountpoint, nid, result,
                                                    m.adopted)
+            self.feed.report_taken(sid, result.get("seq"))
             self.feed.touched(m.mountpoint, changed)
             gone = [str(rel) for rel in result.get("gone") or []]
             if gone:

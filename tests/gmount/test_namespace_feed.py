@@ -10,6 +10,7 @@ import stat
 
 from gxpstyle.replicas.catalog import ReplicaCatalog
 from sshfsmux.fs.namespace_copy import NamespaceCopy
+from sshfsmux.gmount.change_feed import ChangeFeed, ChangesWaiting
 from sshfsmux.gmount.namespace_feed import NamespaceFeed
 
 MP = "/mnt/gx"
@@ -71,7 +72,8 @@ def test_changes_go_to_the_holders_of_the_directory_and_done_waits_for_every_ear
     feed.touched(MP, ["src/b.c"])
     head.end_round()
     (sid, call, args, answer_first), = head.calls
-    assert (sid, call, args) == ("s1", "ns", {"dirs": {"src": {"b.c": [["n1", 5, 4.0, REG]]}}, "seq": 1})
+    assert (sid, call, args) == ("s1", "ns", {"dirs": {"src": {"b.c": [["n1", 5, 4.0, REG]]}}, "seq": 1,
+                                      "taken": 0})
     # a recipe's output, changed while the first call is unanswered: held
     # for the node's next call, which goes when the first is answered; make
     # hears only once both are taken (and a recipe starts only then)
@@ -89,7 +91,7 @@ def test_changes_go_to_the_holders_of_the_directory_and_done_waits_for_every_ear
     # numbered per node: a node that sees a number skipped starts its copy over
     (sid, call, args, answer_second) = head.calls[-1]
     assert (sid, args) == ("s1", {"dirs": {"src": {"a.c": [], "c.c": [["n2", 7, 5.0, REG]]}},
-                                  "seq": 2})
+                                  "seq": 2, "taken": 0})
     answer_second(True, "", {})
     assert taken == [1] and started == [1]
     feed.node_barrier(["s1"], lambda: started.append(2))
@@ -98,7 +100,8 @@ def test_changes_go_to_the_holders_of_the_directory_and_done_waits_for_every_ear
     catalog.add(MP + "/src/d.c", "0.2", 1, 6.0, None, REG)
     feed.touched(MP, ["src/d.c"])
     head.end_round()
-    assert head.calls[-1][2] == {"dirs": {"src": {"d.c": [["n2", 1, 6.0, REG]]}}, "seq": 3}
+    assert head.calls[-1][2] == {"dirs": {"src": {"d.c": [["n2", 1, 6.0, REG]]}}, "seq": 3,
+                                  "taken": 0}
 
 
 def test_a_caller_that_may_wait_gets_the_listing_others_do_not_wait():
@@ -122,6 +125,45 @@ def test_a_caller_that_may_wait_gets_the_listing_others_do_not_wait():
     def broken(keys):
         raise OSError("no head")
     assert NamespaceCopy(broken, lambda: True, 30.0).holders("/x/y") is None
+
+
+class FeedOfOneMount(ChangeFeed):
+    def __init__(self):
+        self.changes_waiting = ChangesWaiting()
+
+
+def test_a_mounts_own_change_outlives_an_older_word_of_the_head():
+    """The head's word on a name this mount changed, written before the
+    catalog took this mount's report of the change (other nodes' reports of
+    their exports came first), leaves the copy as this mount made it: an
+    `rm -rf` saw a directory it had just removed come back, not empty."""
+    head, catalog, feed = feed_with_files()
+    feed.scanned(MP)
+    feed.asked(MP, "s1", ["src"])
+    head.calls.clear()
+    mount, copy = FeedOfOneMount(), NamespaceCopy(lambda keys: None)
+    copy.fill({"src": {"a.c": [["n2", 10, 2.0, REG]], "b.c": [["n2", 1, 1.0, REG]]}})
+    copy.set_holders("/src/a.c", "n2", None)           # removed through this mount
+    mount.changes_waiting.paths.add("/src/a.c")
+    older = {"src": {"a.c": [["n2", 10, 2.0, REG]], "b.c": [["n3", 1, 1.0, REG]]}}
+    # not yet reported: kept; the rest of the word is taken
+    assert copy.update(older, mount._unsettled(0)) == ["/src/b.c"]
+    assert copy.holders("/src/a.c") == ()
+    rels, seq = mount._take_pending()
+    assert (rels, seq) == (["src/a.c"], 1)
+    # reported, the head's word written before it took the report: kept
+    assert copy.update(older, mount._unsettled(0)) == [] and copy.holders("/src/a.c") == ()
+    # the head took it: each call says the last report taken
+    feed.report_taken("s1", seq)
+    for junk in (True, "2", None, 0):
+        feed.report_taken("s1", junk)
+    catalog.add(MP + "/src/c.c", "0.1", 5, 4.0, None, REG)
+    feed.touched(MP, ["src/c.c"])
+    head.end_round()
+    assert head.calls[-1][2]["taken"] == 1
+    # from then on the head's word stands (here: another node wrote it since)
+    assert copy.update(older, mount._unsettled(1)) == ["/src/a.c"]
+    assert mount.changes_waiting.unsettled == {}
 
 
 def test_a_nodes_copy_never_waits_and_drops_what_it_found_meanwhile():
