@@ -34,6 +34,10 @@ MAX_PENDING = 100000    # paths kept between answers (more: the catalog misses s
 # reported names kept until the head's word shows it took them (more: the
 # oldest go, and the head's word on them is taken as it comes)
 MAX_UNSETTLED = 100000
+# seconds a reported name stays unsettled at most: a report lost on its way
+# (a link that broke) is never taken, and the head's word on the name must
+# count again within the feed's bounds
+UNSETTLED_MAX_AGE = 5.0
 
 
 def page(paths: Set[str], room: int) -> Tuple[List[str], List[str]]:
@@ -68,7 +72,7 @@ class ChangesWaiting:
         # ("taken" of its `ns` calls): what the head sends of them before
         # then is older than this mount's own change (settled_view)
         self.reported = 0
-        self.unsettled: Dict[str, int] = {}
+        self.unsettled: Dict[str, Tuple[int, float]] = {}   # path -> (seq, monotonic)
 
 
 class ChangeFeed:
@@ -95,12 +99,13 @@ class ChangeFeed:
         """The number of a new report of `rels`; they stay unsettled until
         the head says it took it."""
         w = self.changes_waiting
+        now = time.monotonic()
         with w.lock:
             w.reported += 1
             for rel in rels:
                 path = "/" + rel
                 w.unsettled.pop(path, None)     # newest last: the oldest go first
-                w.unsettled[path] = w.reported
+                w.unsettled[path] = (w.reported, now)
             while len(w.unsettled) > MAX_UNSETTLED:
                 del w.unsettled[next(iter(w.unsettled))]
             return w.reported
@@ -112,8 +117,9 @@ class ChangeFeed:
         w = self.changes_waiting
         upto = taken if isinstance(taken, int) and not isinstance(taken, bool) else 0
         with w.lock:
-            for path, seq in list(w.unsettled.items()):
-                if seq <= upto:
+            old = time.monotonic() - UNSETTLED_MAX_AGE
+            for path, (seq, when) in list(w.unsettled.items()):
+                if seq <= upto or when < old:
                     del w.unsettled[path]
             return set(w.unsettled) | w.paths
 

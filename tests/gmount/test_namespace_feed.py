@@ -7,10 +7,11 @@ and says a change is taken only once every earlier one is; a node's copy
 from __future__ import annotations
 
 import stat
+import time
 
 from gxpstyle.replicas.catalog import ReplicaCatalog
 from sshfsmux.fs.namespace_copy import NamespaceCopy
-from sshfsmux.gmount.change_feed import ChangeFeed, ChangesWaiting
+from sshfsmux.gmount.change_feed import UNSETTLED_MAX_AGE, ChangeFeed, ChangesWaiting
 from sshfsmux.gmount.namespace_feed import NamespaceFeed
 
 MP = "/mnt/gx"
@@ -164,6 +165,9 @@ def test_a_mounts_own_change_outlives_an_older_word_of_the_head():
     # from then on the head's word stands (here: another node wrote it since)
     assert copy.update(older, mount._unsettled(1)) == ["/src/a.c"]
     assert mount.changes_waiting.unsettled == {}
+    # a report never taken (lost with a link) stops counting after a bound
+    mount.changes_waiting.unsettled["/src/b.c"] = (7, time.monotonic() - UNSETTLED_MAX_AGE - 1)
+    assert mount._unsettled(0) == set()
 
 
 def test_a_nodes_copy_never_waits_and_drops_what_it_found_meanwhile():
