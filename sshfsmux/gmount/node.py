@@ -32,7 +32,7 @@ from sshfsmux.gmount.serial_work import SerialWork
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
     from sshfsmux.branches.branch import Branch
 
@@ -261,18 +261,25 @@ class GMountNode(ChangeFeed, NodeSide):
         self._arm()         # changes that waited for these listings
 
     def _drop_kernel_entries(self, paths: List[str],
-                             then: Optional[Callable[[], None]] = None) -> None:
+                             then: Optional[Callable[[], None]] = None,
+                             own: Optional[Set[str]] = None) -> None:
         """Drop the kernel's caches of `paths` on the kernel cache thread (never
-        in a FUSE call), then then() (also when that fails: logged)."""
+        in a FUSE call), then then() (also when that fails: logged). With
+        `own` (names this mount changed lately), a name of this export that
+        is not among them was made there by a peer (a rename through this
+        export's server) or behind the mount: the kernel's miss of it goes
+        too (kernel_cache.py keeps the entries of names in the export)."""
         kc = self.kcache
         if kc is None or not paths:
             if then is not None:
                 then()
             return
+        made_here = self.in_export if own is None else (
+            lambda p: p in own and self.in_export(p))
 
         def work() -> None:
             try:
-                kc.invalidate_paths(paths, exists=self.in_export, gone=self._gone)
+                kc.invalidate_paths(paths, exists=made_here, gone=self._gone)
             except Exception as e:
                 self.log("cannot drop kernel caches: %s" % e)
             if then is not None:
@@ -300,7 +307,7 @@ class GMountNode(ChangeFeed, NodeSide):
         def answer() -> None:
             self.in_loop(reply, True, "", {})
         if paths:
-            self._drop_kernel_entries(paths, answer)
+            self._drop_kernel_entries(paths, answer, keep)
         else:
             self.kernel_work.put(answer)
 

@@ -184,6 +184,33 @@ def test_random_dags_of_recipes_on_the_nodes_give_plain_makes_files(bed, g, mnt,
         shutil.rmtree(plain, ignore_errors=True)
 
 
+# a peer renames a file into tv02's export (the rename happens where the
+# file is) while tv02's kernel holds a miss of the new name (step1 looked):
+# step3, which make starts on tv02 after step2, must see it
+PEER_RENAME = """\
+all: step3
+step1:
+\ttouch out.tmp; test -e out || echo missing > $@
+step2: step1
+\tmv out.tmp out; touch $@
+step3: step2
+\tcat out > $@
+step1 step3: GXP_ON = tv02
+step2: GXP_ON = tv03
+"""
+
+
+def test_a_name_a_peer_made_in_this_export_replaces_this_kernels_miss(bed, g, mnt):
+    work = mnt + "/peer"
+    bed.run_as(g.user, ["sh", "-c", "mkdir %s && cat > %s/Makefile" % (work, work)],
+               input=PEER_RENAME, capture_output=True, text=True, check=True)
+    r = g.run("make", "-s", cwd=work)
+    assert r.returncode == 0, r.stderr
+    got = bed.run_as(g.user, ["cat", work + "/step1", work + "/step3"], capture_output=True,
+                     text=True, check=True).stdout
+    assert got == "missing\n", got      # step1 missed it; step3 read it (empty)
+
+
 # the log is made first (two nodes creating one name at once would each make
 # their own: the documented conflict, docs/merge-semantics.md)
 APPENDS = """\
