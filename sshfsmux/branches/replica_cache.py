@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
 TMP_PREFIX = ".tmp-"        # temporary files: TMP_PREFIX...PART_SUFFIX
 PART_SUFFIX = ".part"
+UNSETTLED_SUFFIX = ".u"    # a replica of unsettled times (ReplicaCache.settled)
 TMP_MAX_AGE = 3600.0        # leftovers of a crashed run older than this are removed
 HASH_CHARS = 40
 
@@ -114,14 +115,16 @@ class Download:
         self.fd = fd
         self.finished = False
 
-    def commit(self) -> Optional[str]:
+    def commit(self, settled: bool = True) -> Optional[str]:
         """Publish the temporary file as the replica if it is complete (its
         length is the version's size). Returns its path, or None if it is not,
-        the store is closed, or the file was changed while it streamed in."""
+        the store is closed, or the file was changed while it streamed in.
+        Not `settled`: the file's times had not settled, so its version does
+        not tell a later change apart (ReplicaCache.settled)."""
         if self.finished:
             return None
         self.finished = True
-        return self.cache._commit(self)
+        return self.cache._commit(self, settled)
 
     def abort(self) -> None:
         if self.finished:
@@ -185,6 +188,10 @@ class ReplicaCache:
         self._generation: Dict[str, int] = {}  # key hash -> changes seen
         self._pending: Dict[int, Tuple[str, int, str]] = {}  # download -> (hash, generation, key)
         self._pins: Dict[str, int] = {}       # key hash -> running recipes needing it
+        # replicas of files whose times had not settled: a change within the
+        # same timestamp keeps the version, so only a caller told of every
+        # change (invalidate) may serve them
+        self._unsettled: Set[str] = set()
         if limit is None:
             try:
                 st = os.statvfs(self.dir)
@@ -212,6 +219,9 @@ class ReplicaCache:
                         os.unlink(path)
                     continue
                 parts = name.split(".")
+                if name.endswith(UNSETTLED_SUFFIX):
+                    os.unlink(path)
+                    continue
                 if len(parts) < 3 or len(parts[0]) != HASH_CHARS:
                     continue
                 version = tuple(int(x) for x in parts[1:])
@@ -249,6 +259,12 @@ class ReplicaCache:
             e.used = time.monotonic()
             return e.version, e.file
 
+    def settled(self, key: str) -> bool:
+        """Whether the replica of `key` (if any) can be told from a later
+        version by its version alone."""
+        with self._lock:
+            return key_hash(key) not in self._unsettled
+
     def has(self, key: str, *version: int) -> bool:
         with self._lock:
             e = self._entries.get(key_hash(key))
@@ -269,7 +285,7 @@ class ReplicaCache:
             self._pending[id(d)] = (h, self._generation.get(h, 0), key)
         return d
 
-    def _commit(self, d: Download) -> Optional[str]:
+    def _commit(self, d: Download, settled: bool = True) -> Optional[str]:
         with self._lock:
             h, gen, _ = self._pending.pop(id(d), (key_hash(d.key), -1, d.key))
             try:
@@ -279,7 +295,10 @@ class ReplicaCache:
             if self.closed or not complete or gen != self._generation.get(h, 0):
                 _unlink(d.temp)
                 return None
-            final = os.path.join(self.dir, final_name(h, d.version))
+            # one of unsettled times is not kept for the next mount, which
+            # will not have heard of the changes meanwhile (_load drops it)
+            final = os.path.join(self.dir, final_name(h, d.version)
+                                 + ("" if settled else UNSETTLED_SUFFIX))
             try:
                 os.rename(d.temp, final)
             except OSError:
@@ -289,6 +308,10 @@ class ReplicaCache:
             if old is not None and old.file != final:
                 _unlink(old.file)
             self._entries[h] = Entry(d.key, final, d.version)
+            if settled:
+                self._unsettled.discard(h)
+            else:
+                self._unsettled.add(h)
             self._evict_locked(keep=h)
             return final
 
@@ -347,6 +370,7 @@ class ReplicaCache:
                     self._generation[h] = self._generation.get(h, 0) + 1
 
     def _drop(self, h: str) -> None:
+        self._unsettled.discard(h)
         e = self._entries.pop(h, None)
         if e is not None:
             _unlink(e.file)

@@ -45,7 +45,7 @@ from sshfsmux.direct.files import HAVE_KEYS, _Fetch, _RemoteFile, _ReplicaReader
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 CALL_SECONDS = 20.0         # default: a call, or a stream standing still, longer than this fails
 MAX_CALL_SECONDS = 3600.0
@@ -143,6 +143,17 @@ class DirectBranch(Branch):
         # rel -> the site proxy's branch that reads this holder's file `rel`
         # for this mount, or None (site_cache.py); None: no proxying
         self.site_proxy: Optional[Callable[[str], Optional[DirectBranch]]] = None
+        # rel -> (size, mtime) of this holder's file as the mount's namespace
+        # copy names it, or None. Set only where every change of the holder's
+        # files is announced to the mount, which then drops their replicas
+        # (drop_replicas): GMount's node. A replica whose version those match
+        # is opened with no request, and replicas of files whose times had
+        # not settled are kept for it
+        self.known: Optional[Callable[[str], Optional[Tuple[int, float]]]] = None
+        # replica keys read from the holder during this mount's life, and not
+        # dropped since: a replica a store kept from before (changes made
+        # meanwhile reached no one here) is not opened without asking
+        self._read_here: Set[str] = set()
         # fetches under way (key -> fetch, a descriptor of its replica file)
         self._inflight: Dict[str, Tuple[_Fetch, int]] = {}
         self._inflight_lock = threading.Lock()
@@ -229,7 +240,14 @@ class DirectBranch(Branch):
 
     def _forget(self, *rels: str) -> None:
         for rel in rels:
-            self.cache.invalidate(self.replica_key(rel))
+            key = self.replica_key(rel)
+            self._read_here.discard(key)
+            self.cache.invalidate(key)
+
+    def drop_replicas(self, rels: List[str]) -> None:
+        """This holder's files `rels` ("a/b") changed: their replicas go, and
+        a fetch of one under way is not kept."""
+        self._forget(*rels)
 
     def version(self, path: str) -> Tuple[int, ...]:
         """The export's version of `path` now (what read_file's `have` compares)."""
@@ -377,6 +395,9 @@ class DirectBranch(Branch):
         proxy's branch (read_peer, site_cache.py), else from this export
         (read_file). A fetch of the same file under way is joined, not repeated."""
         key = self.replica_key(_rel(path))
+        kept = self._known_replica(path, key) if via is None else None
+        if kept is not None:
+            return kept
         # one opener of a file at a time: the others wait for its answer and
         # join its fetch (a site proxy's readers come at once)
         with self._inflight_lock:
@@ -391,6 +412,26 @@ class DirectBranch(Branch):
                 if not opening[1]:
                     del self._opening[key]
 
+    def _known_replica(self, path: str, key: str
+                       ) -> Optional[Tuple[ReadHandle, Tuple[int, ...], Optional[_Fetch]]]:
+        """The replica, opened with no request to the holder, when the
+        namespace copy names the size and mtime it was fetched at (the mount
+        drops a replica at every change of its file: `known`). None: ask."""
+        known = self.known(_rel(path)) if self.known is not None and key in self._read_here \
+            else None
+        cand = self.cache.current(key) if known is not None else None
+        if known is None or cand is None or len(cand[0]) != len(HAVE_KEYS):
+            return None
+        size, mtime_ns = cand[0][0], cand[0][1]
+        if size != known[0] or abs(mtime_ns - known[1] * 1e9) >= 1000:
+            return None
+        try:
+            fd = os.open(cand[1], os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        self.stats["known"] = self.stats.get("known", 0) + 1
+        return _ReplicaReader(fd, None, self.timeout), tuple(cand[0]), None
+
     def _open_versioned(self, path: str, via: Optional[DirectBranch]
                         ) -> Tuple[ReadHandle, Tuple[int, ...], Optional[_Fetch]]:
         rel = _rel(path)
@@ -398,7 +439,9 @@ class DirectBranch(Branch):
         chan = via if via is not None else self
         for _ in range(2):
             cand = self.cache.current(key)
-            if cand is not None and len(cand[0]) != len(HAVE_KEYS):
+            # a replica of unsettled times: its version is no proof
+            if cand is not None and (len(cand[0]) != len(HAVE_KEYS)
+                                     or not self.cache.settled(key)):
                 cand = None
             have = dict(zip(HAVE_KEYS, cand[0])) if cand is not None else None
             fetches: List[_Fetch] = []
@@ -419,6 +462,8 @@ class DirectBranch(Branch):
             for f in fetches[:-1]:
                 f.drop_reader()
             fetch = fetches[-1]
+            if self.known is not None:
+                self._read_here.add(key)
             if result.get("unchanged") is True:
                 if cand is None:
                     raise _oserror(errno.EIO, "bad reply")

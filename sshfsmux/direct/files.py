@@ -128,10 +128,12 @@ class _Fetch(_Pending):
             self._fail("stream ended with %s" % (os.strerror(err) if isinstance(err, int) and err
                                                  else "a wrong size"))
         meta = self.meta
+        settled = msg.get("settled") is True
+        # unsettled: kept only for a branch told of every change (its `known`)
         if (self.failed is None and self.download is not None and meta is not None
-                and msg.get("settled") is True and self.received == meta[0]
+                and (settled or self.branch.known is not None) and self.received == meta[0]
                 and msg.get("mtime_ns") == meta[1] and msg.get("ctime_ns") == meta[2]):
-            self.download.commit()          # verified and renamed, or dropped
+            self.download.commit(settled)   # verified and renamed, or dropped
             self.download = None
         else:
             self._discard()

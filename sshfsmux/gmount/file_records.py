@@ -92,16 +92,15 @@ def export_changes(catalog: Any, mountpoint: str, nid: str, result: Dict[str, An
     holders stay (its merged view may not know of them yet). A name the export
     now holds is no longer a replica store's copy there (`adopted`: (node id,
     rel)); one it lacks but the store holds stays. Returns the names whose
-    catalog entry changed. Malformed items are skipped."""
+    catalog entry changed, and every name the export holds: its file may
+    have changed within one timestamp tick, and the nodes' replicas of it
+    must go (gmount/replica_trust.py). Malformed items are skipped."""
     changed = []
     for f in parse(ScannedFile, result.get("here")):
         path = os.path.join(mountpoint, f.rel)
-        before = catalog.entry(path)
-        unstored = (nid, f.rel) in adopted      # the listings name it now
         adopted.discard((nid, f.rel))
         catalog.add(path, nid, f.size, f.mtime, None, f.mode)
-        if catalog.entry(path) != before or unstored:
-            changed.append(f.rel)
+        changed.append(f.rel)
     for rel in result.get("not_here") or []:
         if not isinstance(rel, str) or (nid, rel) in adopted:
             continue
@@ -117,23 +116,16 @@ def take_copies(catalog: Any, mountpoint: str, by_name: Dict[str, str], items: A
                 adopted: Set[Any]) -> List[str]:
     """The catalog takes a mount's merged view of changed names (FileCopy
     items: every complete copy of each, by node name; `by_name`: name -> node
-    id). Returns the names whose catalog entry changed, or that an export now
-    holds where its replica store held an older copy (`adopted`: the listings
-    leave store copies out, so the nodes must hear of it)."""
+    id; `adopted`: (node id, rel) of replica store copies, which an export's
+    own file replaces). Returns every name: a file written through a mount
+    may read the same size and mtime (one timestamp tick), and the nodes'
+    replicas of it must go all the same (gmount/replica_trust.py)."""
     copies: Dict[str, Dict[str, Tuple[int, float, int]]] = {}
-    unstored: Set[str] = set()
     for c in parse(FileCopy, items):
         where = copies.setdefault(c.rel, {})
         if c.node in by_name:
             where[by_name[c.node]] = (c.size, c.mtime, c.mode)
-            if (by_name[c.node], c.rel) in adopted:
-                adopted.discard((by_name[c.node], c.rel))
-                unstored.add(c.rel)
-    changed = []
+            adopted.discard((by_name[c.node], c.rel))
     for rel, where in copies.items():
-        path = os.path.join(mountpoint, rel)
-        before = catalog.entry(path)
-        catalog.set_replicas(path, where)
-        if catalog.entry(path) != before or rel in unstored:
-            changed.append(rel)
-    return changed
+        catalog.set_replicas(os.path.join(mountpoint, rel), where)
+    return list(copies)

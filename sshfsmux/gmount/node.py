@@ -24,6 +24,7 @@ from gxpstyle.api.node_side import NodeSide
 # The host's addresses and the pick of a peer's: the core's (its transfers' direct links use them too).
 from gxpstyle.transport.link_auth import local_addresses, pick_address
 from sshfsmux.fs.namespace_copy import NamespaceCopy
+from sshfsmux.gmount import replica_trust
 from sshfsmux.gmount.change_feed import ChangeFeed, ChangesWaiting
 from sshfsmux.gmount.change_report import copies_of
 from sshfsmux.gmount.generation import Generation
@@ -60,7 +61,7 @@ NODE_MODULES = [
     "sshfsmux.direct.peer_relay",
     "sshfsmux.direct.export_server", "sshfsmux.gmount.export_scan", "sshfsmux.fs.kernel_cache",
     "sshfsmux.gmount.export_watch", "sshfsmux.gmount.change_report", "sshfsmux.gmount.change_feed",
-    "sshfsmux.gmount.serial_work", "sshfsmux.gmount.generation",
+    "sshfsmux.gmount.serial_work", "sshfsmux.gmount.generation", "sshfsmux.gmount.replica_trust",
     "sshfsmux.gmount.mount_settings", "sshfsmux.gmount.site_cache",
     "sshfsmux.gmount.node", "mfusepy",
 ]
@@ -206,6 +207,9 @@ class GMountNode(ChangeFeed, NodeSide):
                                          node=str(p["node"]), cipher=cfg.cipher, cache=cache,
                                          timeout=cfg.timeout, via_tree=tree_way(
                                              self.host, p.get("id"), int(p["port"]), self.log)))
+        for b in branches[1:]:      # replicas opened without asking (replica_trust.py)
+            assert isinstance(b, DirectBranch)
+            b.known = replica_trust.known_file(self._copy, b.node)
         self.proxies = site_cache.attach(branches, cfg.host_name, site, peers)  # other sites' files
         self.server.peer_source = site_cache.peer_source(lambda: self.fs)
         fs = merged_fs.MergedFS(branches, mountpoint=cfg.mountpoint, read_only=cfg.ro,
@@ -245,6 +249,10 @@ class GMountNode(ChangeFeed, NodeSide):
             return False
         return bool(pid) and pid != self.agent_pid
 
+    def _copy(self) -> Any:
+        """The mount's namespace copy, or None."""
+        return self.fs.namespace if self.fs is not None else None
+
     def _ask_listings(self, keys: List[str]) -> None:      # a FUSE thread
         from gxpstyle.protocol import wire
         host = self.host
@@ -256,6 +264,8 @@ class GMountNode(ChangeFeed, NodeSide):
         """Listings the head sends for directories this mount asked for."""
         fs = self.fs
         if fs is not None and fs.namespace is not None:
+            # the changes made while this mount held no listing reached no one
+            replica_trust.drop_announced(fs.branches, fs.namespace, args.get("dirs"))
             self._drop_kernel_entries(fs.namespace.fill(args.get("dirs") or {}))
         reply(True, "", {})
         self._arm()         # changes that waited for these listings
@@ -297,6 +307,7 @@ class GMountNode(ChangeFeed, NodeSide):
         # names this mount changed that the head's word may predate keep
         # the copy's (this mount's own) state
         keep = self._unsettled(args.get("taken"))
+        replica_trust.drop_announced(fs.branches, fs.namespace, args.get("dirs"))
         paths = self._gap(args.get("seq")) + fs.namespace.update(args.get("dirs") or {}, keep)
         fs.forget_access(paths)
         if self.kcache is None:

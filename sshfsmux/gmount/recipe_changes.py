@@ -209,15 +209,12 @@ class RecipeChanges:
 
     def _record(self, m: Mount, nid: str, rels: List[str], files: List[Any]) -> List[str]:
         """The catalog takes what node `nid`'s export holds of `rels`;
-        returns those whose entry changed (what the nodes' copies must hear)."""
+        returns those the nodes holding their directories must hear."""
         before = {rel: self.catalog.entry(os.path.join(m.mountpoint, rel)) for rel in rels}
         seen = set()
-        unstored: Set[str] = set()
         for f in file_records.parse(file_records.DescribedFile, files):
             seen.add(f.rel)
-            if (nid, f.rel) in m.adopted:            # the export's own file now
-                m.adopted.discard((nid, f.rel))
-                unstored.add(f.rel)
+            m.adopted.discard((nid, f.rel))         # the export's own file now
             self.catalog.add(os.path.join(m.mountpoint, f.rel), nid, f.size, f.mtime, f.sha256,
                              f.mode)
         for rel in rels:
@@ -226,9 +223,11 @@ class RecipeChanges:
             # the name everywhere: _watch)
             if rel not in seen and (nid, rel) not in m.adopted:
                 self.catalog.remove(os.path.join(m.mountpoint, rel), nid)
+        # every file described: a rewrite may keep size and mtime (one
+        # timestamp tick), and the nodes' replicas of it must go all the same
         return [rel for rel in rels
-                if self.catalog.entry(os.path.join(m.mountpoint, rel)) != before.get(rel)
-                or rel in unstored]
+                if rel in seen or self.catalog.entry(os.path.join(m.mountpoint, rel))
+                != before.get(rel)]
 
     def job_calls(self, node: str, paths: List[str], cwd: Optional[str]) -> Optional[JobCalls]:
         """A recipe on `node` whose files lie in the session's one mount, whose
