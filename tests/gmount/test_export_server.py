@@ -529,6 +529,42 @@ def test_replica_of_an_unsettled_or_interrupted_stream_is_never_visible(
         relay.close()
 
 
+def test_a_replica_the_namespace_names_is_opened_without_asking_until_a_change_drops_it(
+        tmp_path, make_server, make_branch):
+    """GMount's nodes (gmount/replica_trust.py): `known` names the holder's
+    file as the head's catalog has it; a replica read during this mount's
+    life whose version it matches is opened with no request, one of a file
+    written a moment ago included; drop_replicas (a change the head
+    announced) makes the next open ask; a store reopened keeps none of those."""
+    from sshfsmux.branches.replica_cache import ReplicaCache
+    root = tmp_path / "export"
+    root.mkdir()
+    f = root / "fresh"
+    f.write_bytes(b"one!")                          # just written: times not settled
+    server = make_server(root)
+    b = make_branch(server)
+    st = os.stat(f)
+    b.known = lambda rel: (st.st_size, st.st_mtime) if rel == "fresh" else None
+    assert read_all(b, "/fresh") == b"one!"
+    assert b.stats.get("known", 0) == 0             # the first read asked
+    assert read_all(b, "/fresh") == b"one!" and b.stats["known"] == 1
+    # rewritten in place, size and times kept (one timestamp tick): only the
+    # announcement tells; until it comes the replica is what the copy names
+    f.write_bytes(b"two!")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert read_all(b, "/fresh") == b"one!" and b.stats["known"] == 2
+    b.drop_replicas(["fresh"])
+    assert read_all(b, "/fresh") == b"two!" and b.stats["known"] == 2     # asked
+    # a branch not told of every change keeps no replica of unsettled times
+    plain = make_branch(server)
+    assert read_all(plain, "/fresh") == b"two!" and os.listdir(plain.cache_dir) == []
+    # a store reopened (the next mount) drops the replicas of unsettled times
+    assert any(n.endswith(".u") for n in os.listdir(b.cache_dir))
+    again = ReplicaCache.persistent(b.cache_dir)
+    assert again.current(b.replica_key("fresh")) is None
+    again.close()
+
+
 def test_a_dropped_connection_is_reconnected_once(tmp_path, make_server, make_branch):
     root = tmp_path / "export"
     root.mkdir()

@@ -11,6 +11,7 @@ import time
 
 from gxpstyle.replicas.catalog import ReplicaCatalog
 from sshfsmux.fs.namespace_copy import NamespaceCopy
+from sshfsmux.gmount import replica_trust
 from sshfsmux.gmount.change_feed import UNSETTLED_MAX_AGE, ChangeFeed, ChangesWaiting
 from sshfsmux.gmount.namespace_feed import NamespaceFeed
 
@@ -168,6 +169,31 @@ def test_a_mounts_own_change_outlives_an_older_word_of_the_head():
     # a report never taken (lost with a link) stops counting after a bound
     mount.changes_waiting.unsettled["/src/b.c"] = (7, time.monotonic() - UNSETTLED_MAX_AGE - 1)
     assert mount._unsettled(0) == set()
+
+
+class ToldBranch:
+    def __init__(self, node, known=True):
+        self.node, self.dropped = node, []
+        self.known = (lambda rel: None) if known else None
+
+    def drop_replicas(self, rels):
+        self.dropped.extend(rels)
+
+
+def test_a_change_the_head_announces_drops_the_replicas_of_every_holder_named():
+    copy = NamespaceCopy(lambda keys: None)
+    copy.fill({"src": {"a.c": [["n2", 10, 2.0, REG]], "b.c": [["n3", 1, 1.0, REG]]}})
+    n2, n3, n4, untold = ToldBranch("n2"), ToldBranch("n3"), ToldBranch("n4"), ToldBranch("n5", False)
+    branches = [n2, n3, n4, untold]
+    # a.c now at n4 (was n2's), b.c's holders the same (a rewrite in one tick)
+    replica_trust.drop_announced(branches, copy, {"src": {"a.c": [["n4", 11, 3.0, REG]],
+                                                          "b.c": [["n3", 1, 1.0, REG]],
+                                                          "bad": "x"}, "d": {"x": []}})
+    assert (n2.dropped, n3.dropped, n4.dropped, untold.dropped) == (
+        ["src/a.c"], ["src/b.c"], ["src/a.c"], [])
+    assert replica_trust.known_file(lambda: copy, "n3")("src/b.c") == (1, 1.0)
+    assert replica_trust.known_file(lambda: copy, "n2")("src/b.c") is None
+    assert replica_trust.known_file(lambda: None, "n3")("src/b.c") is None
 
 
 def test_a_nodes_copy_never_waits_and_drops_what_it_found_meanwhile():
