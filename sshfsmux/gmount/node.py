@@ -275,7 +275,7 @@ class GMountNode(ChangeFeed, NodeSide):
                              own: Optional[Set[str]] = None) -> None:
         """Drop the kernel's caches of `paths` on the kernel cache thread (never
         in a FUSE call), then then() (also when that fails: logged). With
-        `own` (names this mount changed lately), a name of this export that
+        `own` (names this mount changed lately), a file of this export that
         is not among them was made there by a peer (a rename through this
         export's server) or behind the mount: the kernel's miss of it goes
         too (kernel_cache.py keeps the entries of names in the export)."""
@@ -284,8 +284,10 @@ class GMountNode(ChangeFeed, NodeSide):
             if then is not None:
                 then()
             return
+        # a directory is never taken for a miss: dropping the entry of one
+        # that exists leaves the processes in it without a current directory
         made_here = self.in_export if own is None else (
-            lambda p: p in own and self.in_export(p))
+            lambda p: self.in_export(p) and (p in own or self._is_dir(p)))
 
         def work() -> None:
             try:
@@ -397,6 +399,9 @@ class GMountNode(ChangeFeed, NodeSide):
                 return
             self.in_loop(reply, True, "", {"files": files, "more": more})
         self.peer_work.put(work)
+
+    def _is_dir(self, path: str) -> bool:
+        return os.path.isdir(os.path.join(self.cfg.export, path.lstrip("/")))
 
     def in_export(self, path: str) -> bool:
         """A name of the mount is in this node's export (no peer asked)."""
