@@ -200,12 +200,17 @@ step2: GXP_ON = tv03
 """
 
 
+def make_in(bed, g, work, makefile, *args):
+    """`gxpc make ARGS` in a new directory `work` of the mount holding `makefile`."""
+    bed.run_as(g.user, ["sh", "-c", "mkdir %s && cat > %s/Makefile" % (work, work)],
+               input=makefile, capture_output=True, text=True, check=True)
+    r = g.run("make", *args, cwd=work)
+    assert r.returncode == 0, r.stderr
+
+
 def test_a_name_a_peer_made_in_this_export_replaces_this_kernels_miss(bed, g, mnt):
     work = mnt + "/peer"
-    bed.run_as(g.user, ["sh", "-c", "mkdir %s && cat > %s/Makefile" % (work, work)],
-               input=PEER_RENAME, capture_output=True, text=True, check=True)
-    r = g.run("make", "-s", cwd=work)
-    assert r.returncode == 0, r.stderr
+    make_in(bed, g, work, PEER_RENAME, "-s")
     got = bed.run_as(g.user, ["cat", work + "/step1", work + "/step3"], capture_output=True,
                      text=True, check=True).stdout
     assert got == "missing\n", got      # step1 missed it; step3 read it (empty)
@@ -226,10 +231,7 @@ line%: | build.log
 
 def test_24_appends_from_recipes_on_four_or_more_nodes_keep_every_line(bed, g, mnt):
     work = mnt + "/app"
-    bed.run_as(g.user, ["sh", "-c", "mkdir %s && cat > %s/Makefile" % (work, work)],
-               input=APPENDS, capture_output=True, text=True, check=True)
-    r = g.run("make", "-j24", cwd=work)
-    assert r.returncode == 0, r.stderr
+    make_in(bed, g, work, APPENDS, "-j24")
     lines = on(g, "tv03", "cat %s/build.log" % work).stdout.splitlines()
     assert sorted(l.split()[0] for l in lines) == sorted("line%d" % i for i in range(1, 25)), \
         "\n".join(lines)
