@@ -28,7 +28,7 @@ class NameChanges:
         import threading
         _lock: threading.Lock
         _hints: Dict[str, Dict[str, bytes]]
-        _handles: Dict[int, Any]
+        handles: Dict[int, Any]
         create_branch: Optional[Branch]
         uid: int
         namespace: Optional[NamespaceCopy]
@@ -373,8 +373,8 @@ class NameChanges:
     @_safe
     def truncate(self, path: Optional[str], length: int, fh: Optional[int] = None) -> int:
         self._writable()
-        if fh is not None and fh in self._handles:
-            h = self._handles[fh]
+        if fh is not None and fh in self.handles:
+            h = self.handles[fh]
             if isinstance(h, WriteHandle):
                 h.truncate(length)
                 return 0

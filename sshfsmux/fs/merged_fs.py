@@ -117,8 +117,7 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
         self.started_ns = time.time_ns()
         writable = [b for b in self.branches if b.writable]
         self.create_branch = next((b for b in writable if b.local), writable[0] if writable else None)
-        self._handles: Dict[int, ReadHandle] = {}
-        self.handles = self._handles        # open files by fh (fuse_glue reads)
+        self.handles: Dict[int, ReadHandle] = {}     # open files by fh (fuse_glue reads them too)
         self._dirs: Dict[int, List[Tuple[str, Optional[Dict[str, Any]]]]] = {}   # readdirplus
         self._fh = itertools.count(1)
         self._lock = threading.Lock()
@@ -181,7 +180,7 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
 
     def destroy(self, path: str) -> None:
         with self._lock:
-            handles, self._handles = list(self._handles.values()), {}
+            handles, self.handles = list(self.handles.values()), {}
         for h in handles:
             try:
                 h.close()
@@ -358,7 +357,7 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
         if self._single is not None and path is not None:
             return self._view(path).attrs if path == "/" else self._single_attrs(path)
         if path is None:
-            h = self._handles.get(fh) if fh is not None else None
+            h = self.handles.get(fh) if fh is not None else None
             if h is not None and hasattr(h, "fstat"):
                 return h.fstat()
             raise _e(errno.ENOENT)
@@ -472,11 +471,11 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
     def _new_fh(self, h: ReadHandle) -> int:
         with self._lock:
             fh = next(self._fh)
-            self._handles[fh] = h
+            self.handles[fh] = h
         return fh
 
     def _handle(self, fh: int) -> ReadHandle:
-        h = self._handles.get(fh)
+        h = self.handles.get(fh)
         if h is None:
             raise _e(errno.EBADF)
         return h
@@ -561,14 +560,14 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
 
     @_safe
     def flush(self, path: str, fh: int) -> int:
-        h = self._handles.get(fh)
+        h = self.handles.get(fh)
         if isinstance(h, WriteHandle):
             h.flush()
         return 0
 
     @_safe
     def fsync(self, path: str, datasync: int, fh: int) -> int:
-        h = self._handles.get(fh)
+        h = self.handles.get(fh)
         if isinstance(h, WriteHandle):
             h.fsync()
         return 0
@@ -576,7 +575,7 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
     @_safe
     def release(self, path: str, fh: int) -> int:
         with self._lock:
-            h = self._handles.pop(fh, None)
+            h = self.handles.pop(fh, None)
         if h is not None:
             try:
                 h.close()
