@@ -70,7 +70,8 @@ class ChangesWaiting:
         # names this mount changed and reported, by the number of the report
         # ("seq" of an answer), until the head says it took that report
         # ("taken" of its `ns` calls): what the head sends of them before
-        # then is older than this mount's own change (settled_view)
+        # then is older than this mount's own change (_unsettled); oldest
+        # first, each newer than the one before in number and time
         self.reported = 0
         self.unsettled: Dict[str, Tuple[int, float]] = {}   # path -> (seq, monotonic)
 
@@ -99,8 +100,8 @@ class ChangeFeed:
         """The number of a new report of `rels`; they stay unsettled until
         the head says it took it."""
         w = self.changes_waiting
-        now = time.monotonic()
         with w.lock:
+            now = time.monotonic()      # under the lock: numbers and times agree
             w.reported += 1
             for rel in rels:
                 path = "/" + rel
@@ -118,9 +119,13 @@ class ChangeFeed:
         upto = taken if isinstance(taken, int) and not isinstance(taken, bool) else 0
         with w.lock:
             old = time.monotonic() - UNSETTLED_MAX_AGE
-            for path, (seq, when) in list(w.unsettled.items()):
-                if seq <= upto or when < old:
-                    del w.unsettled[path]
+            # settled ones are at the front (_numbered keeps the order)
+            while w.unsettled:
+                path = next(iter(w.unsettled))
+                seq, when = w.unsettled[path]
+                if seq > upto and when >= old:
+                    break
+                del w.unsettled[path]
             return set(w.unsettled) | w.paths
 
     def _requeue(self, rels: List[str]) -> None:      # any thread
