@@ -28,11 +28,11 @@ class NodeCall:
     args: Dict[str, Any]
     wait: float                # seconds the job's node waits for the answer at most
                                # (0: a `before` is sent, the job starts at once)
-    # a file on the job's host whose bytes the role node changes with each
-    # change of its own (a generation): a `before` of wait 0 is not sent
-    # while the last job that had it saw it unchanged, and then the `after`
-    # is not made if it is unchanged at the job's end: its answer is
-    # {"unchanged": True} (gxpstyle/node/node_calls.py)
+    # of an `after`: a file on the job's host whose bytes the role node
+    # changes with each change of its own (a generation): the job's `before`
+    # of wait 0 is not sent while the last job that named it saw it
+    # unchanged, and then the `after` is not made if it is unchanged at the
+    # job's end: its answer is {"unchanged": True} (gxpstyle/node/node_calls.py)
     unless: str = ""
 
 

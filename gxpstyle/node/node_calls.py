@@ -13,14 +13,14 @@ Each wait is bounded by the call's `wait` (the service's bound): a role node
 that does not answer in time, or is gone, or is not below this node, is
 answered for here (ok=False, in words), and the job goes on.
 
-A call may name a generation file (`unless`): bytes the role node changes
-with every change of its own (a mount: each file system call that changes
-something). A job that changed nothing there needs neither word: the
-`after` is not made when the file reads the same at the job's end as at its
-start (answered here: {"unchanged": True}), and a `before` of wait 0 is not
-sent while the last job that named the file saw it unchanged (so a run of
-quiet jobs costs the role node nothing). The `after` of a job whose `before`
-was sent is always made (the role node waits for it).
+An `after` may name a generation file (`unless`): bytes the role node
+changes with every change of its own (a mount: each file system call that
+changes something). A job that changed nothing there needs neither word:
+the `after` is not made when the file reads the same at the job's end as at
+its start (answered here: {"unchanged": True}), and the job's `before` of
+wait 0 is not sent while the last job that named the file saw it unchanged
+(so a run of quiet jobs costs the role node nothing). The `after` of a job
+whose `before` was sent is always made (the role node waits for it).
 
 Shipped to agents: standard library only, Python 3.8 syntax.
 """
@@ -67,10 +67,9 @@ class NodeCalls:
     def start(self, src: str, msg: Dict[str, Any], run: Callable[[], None]) -> None:
         """An exec with calls: keep `after`; run() once `before` is answered."""
         before, after = msg.get("before"), msg.get("after")
-        skip = before is not None and float(before["wait"]) <= 0 and \
-            bool(self.quiet.get(before.get("unless") or ""))
+        path = (after.get("unless") or "") if after is not None else ""
+        skip = before is not None and float(before["wait"]) <= 0 and bool(self.quiet.get(path))
         if after is not None:
-            path = after.get("unless") or ""
             self.after[(src, msg["job"])] = (after, path, _generation(path) if path else None,
                                              before is None or skip)
         if before is None:

@@ -327,8 +327,7 @@ class RecipeChanges:
         key = calls.after.args["job"] if calls.after is not None else True
         calls.before = NodeCall(calls.sid, "ready", {"pin": calls.pins, "job": key,
                                                      "notice": not wait},
-                                NODE_CALL_WAIT if wait else 0.0, calls.after.unless
-                                if calls.after is not None else "")
+                                NODE_CALL_WAIT if wait else 0.0)
         done()
 
     def _host_of(self, nid: str) -> Optional[str]:

@@ -104,7 +104,7 @@ def test_a_job_that_left_the_generation_file_alone_costs_the_role_nothing(tmp_pa
     calls = NodeCalls(node)
 
     def job(n: int) -> tuple:
-        before = dict(_call("0.3.1", "ready", wait=0), unless=str(gen))
+        before = _call("0.3.1", "ready", wait=0)     # the `after` names the file
         after = dict(_call("0.3.1", "changed"), unless=str(gen))
         calls.start("c1", _exec(n, before=before, after=after), lambda: None)
         return before, after
