@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import subprocess
 import threading
 import zlib
@@ -286,8 +287,9 @@ class GMountNode(ChangeFeed, NodeSide):
             return
         # a directory is never taken for a miss: dropping the entry of one
         # that exists leaves the processes in it without a current directory
-        made_here = self.in_export if own is None else (
-            lambda p: self.in_export(p) and (p in own or self._is_dir(p)))
+        def made_here(p: str) -> bool:
+            kind = self._export_kind(p)
+            return kind == "dir" or (kind == "other" and (own is None or p in own))
 
         def work() -> None:
             try:
@@ -400,8 +402,16 @@ class GMountNode(ChangeFeed, NodeSide):
             self.in_loop(reply, True, "", {"files": files, "more": more})
         self.peer_work.put(work)
 
-    def _is_dir(self, path: str) -> bool:
-        return os.path.isdir(os.path.join(self.cfg.export, path.lstrip("/")))
+    def _export_kind(self, path: str) -> str:
+        """The export's `path`: "dir" (or a link to one), "other", "" (nothing)."""
+        full = os.path.join(self.cfg.export, path.lstrip("/"))
+        try:
+            mode = os.lstat(full).st_mode
+        except OSError:
+            return ""
+        if stat.S_ISDIR(mode) or (stat.S_ISLNK(mode) and os.path.isdir(full)):
+            return "dir"
+        return "other"
 
     def in_export(self, path: str) -> bool:
         """A name of the mount is in this node's export (no peer asked)."""
