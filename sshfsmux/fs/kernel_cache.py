@@ -33,6 +33,31 @@ if TYPE_CHECKING:
 
 
 FUSE_ROOT_ID = 1        # the node id of a mount's root
+EXPIRE_ONLY = 1         # libfuse's FUSE_LL_EXPIRE_ONLY
+# The FUSE protocol minor version whose kernels can expire a name's entry
+# without dropping it (FUSE_EXPIRE_ONLY, Linux 6.2)
+EXPIRE_PROTO_MINOR = 38
+# How long the kernel keeps a miss of a mount where every name that appears
+# is announced and expired (GMount): each one kept saves a call into the mount
+MISS_SECONDS = 10.0
+
+
+def _expire_entry(lib: Any) -> Any:
+    """libfuse's fuse_lowlevel_notify_expire_entry (3.13 on), or None.
+    Expiring a name's entry makes the kernel ask the mount at its next
+    lookup; a name that still exists under the same node id keeps its
+    dentry (a process working in a directory keeps its current directory),
+    where an invalidation drops it at once (getcwd: ENOENT). libfuse 3.13 to
+    3.15 take a fifth argument (the flags, EXPIRE_ONLY), 3.16 on ask the
+    same with four and check the kernel's support (-ENOSYS without): the
+    fifth is passed to both and ignored by the latter."""
+    fn = getattr(lib, "fuse_lowlevel_notify_expire_entry", None)
+    if fn is None:
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t,
+                   ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 class KernelCache:
@@ -48,6 +73,7 @@ class KernelCache:
         # names' dentries (negative ones too) are dropped when set
         self.mountpoint = mountpoint
         self.session: Optional[int] = None
+        self._expire: Any = None
         if lib is not None:
             fn = lib.fuse_invalidate_path
             fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
@@ -59,6 +85,7 @@ class KernelCache:
                 entry.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
                 entry.restype = ctypes.c_int
                 self.session = lib.fuse_get_session(fuse)
+                self._expire = _expire_entry(lib)
 
     @classmethod
     def capture(cls, mountpoint: str = "",
@@ -79,6 +106,11 @@ class KernelCache:
     @property
     def usable(self) -> bool:
         return self.lib is not None and bool(self.fuse)
+
+    @property
+    def expires(self) -> bool:
+        """Names' entries are expired, not dropped (see _expire_entry)."""
+        return self.session is not None and self._expire is not None
 
     def invalidate_paths(self, paths: Iterable[str],
                          exists: Optional[Callable[[str], bool]] = None,
@@ -128,12 +160,13 @@ class KernelCache:
 
     def _drop_entry(self, path: str, ids: Dict[str, int]) -> None:
         """The dentry of a name the kernel holds no inode of (a negative one,
-        if any), or of a name gone everywhere. Never that of a name that
-        still exists: a directory's would leave the processes working in it
-        without a current directory (getcwd: ENOENT); a positive one is
-        asked again after the entry timeout, and its inode's attributes
-        went at once. `ids`: parents'
-        node ids found so far (each stat'ed through the mount once)."""
+        if any), or of a name gone everywhere: expired where the kernel can
+        (the next lookup asks the mount; a name found under the same node id
+        keeps its dentry, so a lookup answered meanwhile loses nothing), else
+        dropped. A dropped directory's dentry would leave the processes
+        working in it without a current directory (getcwd: ENOENT): so only
+        names believed missing or gone come here. `ids`: parents' node ids
+        found so far (each stat'ed through the mount once)."""
         d, name = os.path.split(path)
         d = d or "/"
         if d not in ids:
@@ -148,8 +181,14 @@ class KernelCache:
                 except OSError:
                     pass            # gone: so are the names under it
         raw = name.encode("utf-8", "surrogateescape")
-        if ids[d] and raw:
-            self.lib.fuse_lowlevel_notify_inval_entry(self.session, ids[d], raw, len(raw))
+        if not (ids[d] and raw):
+            return
+        if self._expire is not None:
+            rc = self._expire(self.session, ids[d], raw, len(raw), EXPIRE_ONLY)
+            if rc != -errno.ENOSYS:
+                return
+            self._expire = None     # libfuse sees a kernel without it
+        self.lib.fuse_lowlevel_notify_inval_entry(self.session, ids[d], raw, len(raw))
 
     def _drop(self, path: str) -> int:
         # 0, -ENOENT (never seen), or e.g. -ENOSYS on an old kernel (the

@@ -49,6 +49,7 @@ from sshfsmux.fs.access_memo import groups_of as _groups_of
 # run_fuse is this module's too (see above)
 from sshfsmux.fs.fuse_glue import ATTR_SECONDS, Operations, _e, fuse_get_context, hand_over, run_fuse  # noqa: F401
 from sshfsmux.fs.fuse_glue import safe as _safe
+from sshfsmux.fs.kernel_cache import EXPIRE_PROTO_MINOR
 from sshfsmux.fs.link_names import LinkNames
 from sshfsmux.fs.merged_changes import NameChanges
 from sshfsmux.fs.merged_handles import MultiWriteHandle, View, _VirtualHandle
@@ -95,15 +96,9 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
         if not mount_id and mountpoint:
             mount_id = "%s:%s" % (socket.gethostname(), os.path.realpath(mountpoint))
         self.mount_id = mount_id
-        lines = [mount_id] if mount_id else []
-        for line in chain or []:
-            if line and line not in lines:
-                lines.append(line)
+        lines = [x for x in dict.fromkeys([mount_id] + list(chain or [])) if x]
         self.chain = ("\n".join(lines) + "\n").encode() if lines else b""
-        places: List[str] = []
-        for line in branch_places or []:
-            if line and line not in places:
-                places.append(line)
+        places = [x for x in dict.fromkeys(branch_places or []) if x]
         # the read-only virtual files at the root, hidden from readdir
         self._virtual: Dict[str, bytes] = {}
         if self.chain:
@@ -132,6 +127,9 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
         # a GMount node's copy of the directories it looked into (namespace_copy.py):
         # with it, remote branches are asked only for names the copy says they hold
         self.namespace: Any = None
+        # how long the kernel keeps a miss where kernel_cache can expire its
+        # entry (set by a mount whose every change is announced; else the mount option's)
+        self.miss_seconds = 0.0
         self.lookups = 0            # getattr calls that reached this file system
         # requests this host's export server has served (user.sshfsmux.served)
         self.served: Optional[Callable[[], Dict[str, int]]] = None
@@ -165,6 +163,8 @@ class MergedFS(NameChanges, Xattrs, NamespaceView, Operations):
                 # read_buf hands libfuse (fd, offset): let it splice from the
                 # fd into /dev/fuse instead of copying through its buffer
                 conn.want |= conn.capable & FUSE_CAP_SPLICE_WRITE
+                if self.miss_seconds and config is not None and conn.proto_minor >= EXPIRE_PROTO_MINOR:
+                    config.negative_timeout = self.miss_seconds
             except Exception:
                 pass
         try:

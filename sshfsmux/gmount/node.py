@@ -285,11 +285,11 @@ class GMountNode(ChangeFeed, NodeSide):
             if then is not None:
                 then()
             return
-        # a directory is never taken for a miss: dropping the entry of one
-        # that exists leaves the processes in it without a current directory
+        # a directory is never taken for a miss where entries are dropped, not
+        # expired: dropping one that exists leaves its processes without a cwd
         def made_here(p: str) -> bool:
             kind = self._export_kind(p)
-            return kind == "dir" or (kind == "other" and (own is None or p in own))
+            return (kind == "dir" and not kc.expires) or (kind != "" and (own is None or p in own))
 
         def work() -> None:
             try:
@@ -569,7 +569,7 @@ class GMountNode(ChangeFeed, NodeSide):
 
     def runner(self) -> None:
         """The main thread's work: FUSE serves the mount until it is unmounted."""
-        from sshfsmux.fs import merged_fs
+        from sshfsmux.fs import kernel_cache, merged_fs
         self.go.wait()
         if self.stopping or self.fs is None:
             return
@@ -583,6 +583,7 @@ class GMountNode(ChangeFeed, NodeSide):
                 # call waits on the kernel cache thread, nor for every peer
                 # (at 64 hosts that fan-out held lookups, and drops, minutes)
                 extra["negative_seconds"] = merged_fs.ATTR_SECONDS
+                self.fs.miss_seconds = kernel_cache.MISS_SECONDS    # where entries expire
             merged_fs.run_fuse(self.fs, self.cfg.mountpoint, foreground=True, **extra)
         except Exception as e:
             self.error = "cannot mount %s: %s" % (self.cfg.mountpoint, e)

@@ -1,6 +1,14 @@
 """KernelCache.invalidate_paths: what it asks libfuse to drop (a fake libfuse
 records the calls; the real one needs a mount's struct fuse)."""
 import errno
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
 
 from sshfsmux.fs.kernel_cache import KernelCache
 
@@ -97,3 +105,106 @@ def test_a_name_the_kernel_holds_that_is_gone_everywhere_loses_its_dentry(tmp_pa
     kc.invalidate_paths(["/w/gone", "/w/changed"], exists=lambda p: False,
                         gone=lambda p: p == "/w/gone")
     assert lib.entries == [((tmp_path / "w").stat().st_ino, "gone")]
+
+
+# -- a real mount (root, /dev/fuse): what the kernel does with the calls ----
+VENV = os.environ.get("GXP_VENV", "/opt/gxpstyle/venv")
+FUSERMOUNT = shutil.which("fusermount3") or shutil.which("fusermount")
+HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_cache_mount.py")
+needs_fuse = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not FUSERMOUNT or not os.path.exists("/dev/fuse")
+    or os.getuid() != 0, reason="needs Linux, /dev/fuse, fusermount3 and root")
+
+
+def _mounted(mp):
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == mp for line in f)
+
+
+class Mount:
+    """kernel_cache_mount.py serving a MergedFS of `branch` at `mp`."""
+
+    def __init__(self, top):
+        self.branch, self.mp = os.path.join(top, "b"), os.path.join(top, "mnt")
+        os.mkdir(self.branch)
+        os.mkdir(self.mp)
+        self.proc = subprocess.Popen([os.path.join(VENV, "bin", "python"), HARNESS, self.branch, self.mp],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.expires = self._line(60).split()[1:] == ["expire"]
+
+    def _line(self, limit):
+        """The harness's next line; none within `limit` seconds fails the test."""
+        ready, _, _ = select.select([self.proc.stdout], [], [], limit)
+        assert ready, "the mount did not answer within %ss" % limit
+        line = self.proc.stdout.readline()
+        assert line, "the mount ended"
+        return line
+
+    def drop(self, path):
+        self.proc.stdin.write(path + "\n")
+        self.proc.stdin.flush()
+        assert self._line(30).strip() == "done"
+
+    def close(self):
+        if _mounted(self.mp):
+            subprocess.run([FUSERMOUNT, "-u", self.mp], timeout=60)
+        try:
+            self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc.stdin.close()
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+def mount():
+    top = tempfile.mkdtemp(prefix="gxp-kcache-", dir="/var/tmp")
+    m = None
+    try:
+        m = Mount(top)
+        if not m.expires:
+            pytest.skip("this kernel cannot expire a FUSE entry (Linux 6.2 on)")
+        yield m
+    finally:
+        if m is not None:
+            m.close()
+        shutil.rmtree(top, ignore_errors=True)
+
+
+@needs_fuse
+def test_a_directory_whose_entry_expires_stays_its_processes_cwd(mount):
+    """A lookup answered after the node found a name missing, then the drop
+    for it: the directory's dentry stays (a dropped one left the process
+    working in it without a cwd: `sh: getcwd() failed`)."""
+    os.mkdir(os.path.join(mount.branch, "d"))
+    code = ("import os, sys; os.chdir(sys.argv[1]); print('in', flush=True); sys.stdin.readline();"
+            " print(os.getcwd(), flush=True)")
+    inside = subprocess.Popen([sys.executable, "-c", code, os.path.join(mount.mp, "d")], text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert inside.stdout.readline() == "in\n"
+        mount.drop("/d")
+        out, err = inside.communicate("\n", timeout=30)
+        assert (inside.returncode, out, err) == (0, os.path.join(mount.mp, "d") + "\n", "")
+    finally:
+        if inside.poll() is None:
+            inside.kill()
+            inside.communicate()
+
+
+@needs_fuse
+def test_a_miss_is_kept_until_the_name_is_announced(mount):
+    """The kernel keeps a miss (no call into the mount) until its entry
+    expires; a name gone everywhere is asked again at once."""
+    x = os.path.join(mount.mp, "x")
+    assert not os.path.exists(x)
+    open(os.path.join(mount.branch, "x"), "w").close()       # behind the mount's back
+    assert not os.path.exists(x), "the kernel did not keep the miss"
+    mount.drop("/x")
+    assert os.path.exists(x), "the announced name stayed missing"
+    os.unlink(os.path.join(mount.branch, "x"))
+    assert os.path.exists(x)                                   # its entry, kept for 1 s
+    mount.drop("/x")
+    assert not os.path.exists(x), "a name gone everywhere stayed"
