@@ -120,6 +120,39 @@ def proc_cpu(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def has_fuse(pid: int) -> bool:
+    """pid holds /dev/fuse open (a mount service)."""
+    try:
+        return any(os.readlink("/proc/%d/fd/%s" % (pid, fd)) == "/dev/fuse"
+                   for fd in os.listdir("/proc/%d/fd" % pid))
+    except OSError:
+        return False
+
+
+def session_cpu(uid: int) -> dict:
+    """pid -> (CPU seconds so far, what it is) of the user's long-lived
+    processes (daemons, agents, sshd, mount services), with the children
+    they reaped (the recipes' shells on the nodes)."""
+    out = {}
+    for pid in user_pids(uid):
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                head, rest = f.read().rsplit(")", 1)
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        fields = rest.split()
+        what = head.split("(", 1)[1]
+        for word in cmd[1:4]:
+            if word.startswith(b"gxpstyle.") or word.startswith(b"sshfsmux."):
+                what = word.decode()
+        if b"zlib" in b" ".join(cmd):
+            what = "mount service" if has_fuse(pid) else "agent"
+        out[pid] = (sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK"), what)
+    return out
+
+
 def proc_cmdline(pid: int) -> str:
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as f:
@@ -251,6 +284,17 @@ class Bench:
         out = fn()
         self.add_cpu(key, b0)
         return out
+
+    def cpu_since(self, before: dict, key: str) -> float:
+        """Seconds the user's processes (session_cpu) spent since `before`; by
+        kind into key."""
+        total = 0.0
+        for pid, (cpu, what) in session_cpu(self.user.uid).items():
+            d = cpu - before.get(pid, (0.0, ""))[0]
+            if d > 0:
+                total += d
+                self.add("%s by %s" % (key, what), d)
+        return total
 
     def noticed_lines(self) -> list:
         """The report's "noticed:" block (empty if nothing was)."""

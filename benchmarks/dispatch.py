@@ -63,7 +63,7 @@ import uuid
 
 from bindfs_anchor import BindfsMount
 
-from bench_harness import GXPC, Bench, BenchError, ensure_anchor, log, main_driver, ratio_text, user_pids
+from bench_harness import GXPC, Bench, BenchError, ensure_anchor, log, main_driver, ratio_text, session_cpu
 
 # isort: split
 import testbed  # noqa: E402  (bench_harness put tests/ on the path)
@@ -99,14 +99,6 @@ print(json.dumps({"wall": wall, "cpu": ru.ru_utime + ru.ru_stime}))
 
 def _holds(ok: bool) -> str:
     return "holds" if ok else "DOES NOT HOLD"
-
-
-def _has_fuse(pid: int) -> bool:
-    try:
-        return any(os.readlink("/proc/%d/fd/%s" % (pid, fd)) == "/dev/fuse"
-                   for fd in os.listdir("/proc/%d/fd" % pid))
-    except OSError:
-        return False
 
 
 class Dispatch(Bench):
@@ -200,39 +192,6 @@ class Dispatch(Bench):
             raise BenchError("cannot write %s: %s" % (d, r.stderr.strip()))
         return d
 
-    def _session_cpu(self) -> dict:
-        """pid -> (CPU seconds so far, what it is) of the user's long-lived
-        processes (daemons, agents, sshd, mount services), with the children
-        they reaped (the recipes' shells on the nodes)."""
-        out = {}
-        for pid in user_pids(self.user.uid):
-            try:
-                with open("/proc/%d/stat" % pid) as f:
-                    head, rest = f.read().rsplit(")", 1)
-                with open("/proc/%d/cmdline" % pid, "rb") as f:
-                    cmd = f.read().split(b"\0")
-            except OSError:
-                continue
-            fields = rest.split()
-            what = head.split("(", 1)[1]
-            for word in cmd[1:4]:
-                if word.startswith(b"gxpstyle.") or word.startswith(b"sshfsmux."):
-                    what = word.decode()
-            if b"zlib" in b" ".join(cmd):
-                what = "mount service" if _has_fuse(pid) else "agent"
-            out[pid] = (sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK"), what)
-        return out
-
-    def _cpu_since(self, before: dict, key: str) -> float:
-        """Seconds the user's processes spent since `before`; by kind into key."""
-        total = 0.0
-        for pid, (cpu, what) in self._session_cpu().items():
-            d = cpu - before.get(pid, (0.0, ""))[0]
-            if d > 0:
-                total += d
-                self.add("%s by %s" % (key, what), d)
-        return total
-
     def _measure(self, argv: list, cwd: str, stdin: str = "") -> dict:
         r = self.bed.run_as(self.user.name, ["/usr/bin/python3", "-I", "-c", MEASURE, json.dumps(argv),
                                              cwd, stdin], env=self.env(), capture_output=True,
@@ -271,10 +230,10 @@ class Dispatch(Bench):
             log("%s: %d recipes, %d reps of %s" % (self.name, n, self.reps, ", ".join(c[0] for c in cases)))
             for _rep in range(self.reps):
                 for name, argv, stdin, cwd in cases:
-                    before = self._session_cpu()
+                    before = session_cpu(self.user.uid)
                     m = self._measure(argv, cwd, stdin)
                     key = "%s %d" % (name, n)
-                    session = self._cpu_since(before, key)
+                    session = self.cpu_since(before, key)
                     self.add(key + " wall", m["wall"])
                     self.add(key + " rate", n / m["wall"])
                     self.add(key + " cpu ms", m["cpu"] * 1000.0 / n)

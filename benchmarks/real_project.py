@@ -24,8 +24,8 @@ What it does:
 * For each case, in a new directory, as the user on the head, each step timed:
     unpack     `tar -xf TARBALL`
     configure  `./configure -q`
-    build      `make -jJOBS` (local, bindfs); `gxpc make -jJOBS` (gmount, shared)
-    check      `make -jJOBS check`; `gxpc make -jJOBS check` (gmount, shared)
+    build      `make -jJOBS` (local, bindfs); `gxpc make -jJOBS` (the others)
+    check      `make -jJOBS check`; `gxpc make -jJOBS check` (the others)
   in the cases:
     local      a directory of the head's own disk (/var/tmp): the anchor;
     bindfs     `bindfs --no-allow-other` over a local directory (a C FUSE file
@@ -36,7 +36,15 @@ What it does:
                configured on the head, built and checked with `gxpc make --shared`
                by the same session: the distribution of recipes to the hosts with
                no mount at all (the floor of any shared namespace here);
-    gmount     the head's mount of the GMount.
+    gmount     the head's mount of the GMount;
+    nodebindfs the shared case with `bindfs --no-allow-other` over the shared
+               directory on every node (the head and each host, at one path):
+               the ceiling of any design that puts a FUSE mount on every node
+               of this bed (a C passthrough, no namespace, no transfers);
+    nodesshfsm the same with `sshfsm` over the shared directory on every node
+               (our Python mount with one local branch, a GMount node's path to
+               its own export: the ceiling of a Python FUSE mount on every node);
+               up to the build (LAST_STEP says why).
   --upto STEP stops each case after STEP; --cases picks cases. A step that runs
   past --timeout is interrupted (SIGINT to its process group, then SIGKILL) and
   reported as timed out; the later steps of that case are not run. A step that
@@ -57,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.metadata
 import os
 import re
 import shutil
@@ -69,14 +78,33 @@ import uuid
 
 from bindfs_anchor import BindfsMount
 
-from bench_harness import GXPC, Bench, BenchError, ensure_anchor, log, main_driver, ratio_text
+from bench_harness import (
+    GXPC,
+    Bench,
+    BenchError,
+    cpu_busy,
+    ensure_anchor,
+    log,
+    main_driver,
+    ratio_text,
+    session_cpu,
+)
 
 # isort: split
 import testbed  # noqa: E402  (bench_harness put tests/ on the path)
 
 STEPS = ("unpack", "configure", "build", "check")
-CASES = ("local", "bindfs", "shared", "gmount")
-ON_HOSTS = ("shared", "gmount")     # cases whose build and check run on the test-bed hosts
+CASES = ("local", "bindfs", "shared", "gmount", "nodebindfs", "nodesshfsm")
+# the cases with a mount over the shared directory on every node: its command
+NODE_MOUNTS = {"nodebindfs": "bindfs --no-allow-other %s %s", "nodesshfsm": "/usr/bin/python3 -I %s %s %s"}
+ON_HOSTS = ("shared", "gmount") + tuple(NODE_MOUNTS)  # cases whose build and check run on the hosts
+SHARED = ("shared",) + tuple(NODE_MOUNTS)     # cases that run `gxpc make --shared`
+# sshfsm keeps names and misses 1 s in each node's kernel: a name one host's
+# recipe makes in a directory another host looked into a moment before is not
+# there for it (automake's test driver: "failed to create tests/hello-1.trs").
+# The shared directory changes behind each node's sshfsm; its check is not run.
+LAST_STEP = {"nodesshfsm": "build"}
+BINDFS = ("bindfs", "nodebindfs")   # cases that unpack through bindfs (tar's mtimes set again)
 PROJECTS = {"hello": "GNU hello", "patch": "GNU patch", "sed": "GNU sed"}
 GOAL_UNPACK_X_BINDFS, GOAL_X_LOCAL, GOAL_HOSTS = 2.0, 1.5, 4
 # the ratios printed: what the FUSE ceiling costs, what the GMount costs against
@@ -145,6 +173,39 @@ with tarfile.open(tarball) as t:
 """
 
 
+# sshfsm for the hosts, which do not see the venv: the project and its
+# requirements copied next to it (copy_runtime)
+SSHFSM_SCRIPT = """import os, sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "site"))
+from sshfsmux.standalone.sshfsm import main
+sys.argv[0] = "sshfsm"
+sys.exit(main())
+"""
+
+
+def copy_runtime(into: str, project: str = "gxpstyle") -> None:
+    """The installed `project` and the closure of its requirements (extras left
+    out), copied file by file from this interpreter's site-packages into `into`."""
+    seen: set = set()
+    todo = [project]
+    while todo:
+        name = todo.pop()
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in seen:
+            continue
+        seen.add(key)
+        dist = importlib.metadata.distribution(name)
+        for req in dist.requires or []:
+            if "extra ==" not in req:
+                todo.append(re.match(r"[A-Za-z0-9_.-]+", req).group(0))
+        for f in dist.files or []:
+            if f.parts[0] == "..":
+                continue                  # console scripts, outside site-packages
+            dst = os.path.join(into, *f.parts)
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copyfile(dist.locate_file(f), dst)
+
+
 def compiles_by_host(joblog_text: str) -> dict:
     """host -> compiles (COMPILE_RECIPE) in a `gxpc make --joblog` file."""
     out: dict = {}
@@ -168,6 +229,7 @@ class RealProject(Bench):
         self.top = "/var/tmp/" + self.tag
         self.dirs: dict = {}                 # case -> the directory the case unpacks into
         self.bindfs: BindfsMount | None = None
+        self.node_mounts: list = []          # mount points on every node (NODE_MOUNTS), once mounted
         self.gmount = None
         self.tarball = ""
         self.results: dict = {}              # (case, step) -> "ok" | "timeout" | "failed (N)" | "not run"
@@ -178,7 +240,7 @@ class RealProject(Bench):
         for prog in ("make", "cc", "tar"):
             if not shutil.which(prog):
                 raise BenchError("%s is not installed" % prog)
-        if "bindfs" in self.a.cases and not ensure_anchor("bindfs", "bindfs"):
+        if set(BINDFS) & set(self.a.cases) and not ensure_anchor("bindfs", "bindfs"):
             raise BenchError("bindfs is not installed and apt-get could not install it (the anchor)")
         tarball = self.a.tarball
         if not tarball:
@@ -204,7 +266,7 @@ class RealProject(Bench):
             self._prepare(case, names)
 
     def _explore(self, names: list) -> None:
-        """The session of the hosts (once, for the shared and gmount cases)."""
+        """The session of the hosts (once, for the cases on the hosts)."""
         if self.session:
             return
         self.session = os.path.join(self.top, "session")
@@ -229,12 +291,35 @@ class RealProject(Bench):
         elif case == "shared":
             self._explore(names)
             self.dirs[case] = self.make_dir(os.path.join(self.top, "shared"))
+        elif case in NODE_MOUNTS:
+            self._explore(names)
+            self.dirs[case] = self._mount_on_nodes(case)
         else:
             self._explore(names)
             export, mnt = self._gmount_dirs()
             self.gxpc("mount", export, mnt)
             self.gmount = self.dirs[case] = mnt
             log("%s: GMount at %s" % (self.name, mnt))
+
+    def _mount_on_nodes(self, case: str) -> str:
+        """The case's mount (NODE_MOUNTS) over one shared directory on the head
+        and on every host, at one path (the hosts' /tmp is their own): that path."""
+        src = self.make_dir(os.path.join(self.top, case + "-src"))
+        mnt = self.make_dir("/tmp/%s-%s" % (self.tag, case))
+        if case == "nodesshfsm":
+            script = os.path.join(self.top, "sshfsm.py")
+            copy_runtime(os.path.join(self.top, "site"))
+            with open(script, "w") as f:
+                f.write(SSHFSM_SCRIPT)
+            subprocess.run(["chmod", "-R", "a+rX", script, os.path.join(self.top, "site")], check=True)
+            command = NODE_MOUNTS[case] % (script, src, mnt)
+        else:
+            command = NODE_MOUNTS[case] % (src, mnt)
+        self.node_mounts.append(mnt)
+        self.as_user(["sh", "-c", command])
+        # the session's mask leaves the head out: this runs on the hosts
+        self.gxpc("e", "mkdir -p %s && %s" % (mnt, command))
+        return mnt
 
     def _gmount_dirs(self) -> tuple:
         """The GMount's export and mount point, on every node."""
@@ -257,7 +342,7 @@ class RealProject(Bench):
         make = ["make"]
         if case in ON_HOSTS:
             make = [GXPC, "--session", self.session, "make", "--joblog", joblog]
-            make += ["--shared"] if case == "shared" else []
+            make += ["--shared"] if case in SHARED else []
         return make + [jobs] + (["check"] if step == "check" else [])
 
     def run_step(self, argv: list, cwd: str, out_path: str) -> tuple[str, float]:
@@ -303,7 +388,8 @@ class RealProject(Bench):
         for rep in range(self.a.reps):
             for case in (self.a.cases if rep % 2 == 0 else self.a.cases[::-1]):
                 self.info["load %s" % case] = _load()
-                self.run_case(case, rep, steps)
+                last = LAST_STEP.get(case, self.a.upto)
+                self.run_case(case, rep, steps[:min(len(steps), STEPS.index(last) + 1)])
 
     def run_case(self, case: str, rep: int, steps: tuple) -> None:
         top = os.path.join(self.dirs[case], "rep%d" % rep)
@@ -317,7 +403,11 @@ class RealProject(Bench):
             cwd = top if step == "unpack" else os.path.join(top, project)
             out_path = os.path.join(self.top, "logs", "%s-%d-%s.log" % (case, rep, step))
             joblog = os.path.join(self.top, "logs", "%s-%d-%s.joblog" % (case, rep, step))
+            cpu0, session0 = cpu_busy(), session_cpu(self.user.uid)
             outcome, wall = self.run_step(self.step_argv(case, step, joblog), cwd, out_path)
+            if outcome == "ok":
+                self.add_cpu("%s %s" % (case, step), cpu0)
+                self.cpu_since(session0, "%s %s session" % (case, step))
             self.results[(case, step)] = outcome
             log("  %s rep %d %-9s %s %.1fs (load %s)" % (case, rep + 1, step, outcome, wall, _load()))
             if outcome != "ok":
@@ -334,7 +424,7 @@ class RealProject(Bench):
             self.add("%s %s" % (case, step), wall)
             if step == "unpack":
                 project = self._unpacked(top)
-                if case == "bindfs":
+                if case in BINDFS:
                     self.as_user(["/usr/bin/python3", "-I", "-c", SET_MTIMES, top, self.tarball])
             self._count(case, step, out_path, joblog)
         self.as_user(["rm", "-rf", top])
@@ -387,7 +477,12 @@ class RealProject(Bench):
         if self.bindfs is not None:
             self.guarded("unmounting bindfs", self.bindfs.unmount)
             self.bindfs = None
+        for mnt in self.node_mounts:
+            self.guarded("unmounting " + mnt, self.as_user, ["fusermount3", "-u", mnt])
         if self.session is not None:
+            for mnt in self.node_mounts:
+                self.guarded("unmounting the hosts' " + mnt, self.gxpc, "e", "fusermount3 -u " + mnt)
+            self.node_mounts = []
             if self.gmount:
                 self.guarded("unmounting the GMount", self.gxpc, "umount", self.gmount)
                 self.gmount = None
@@ -423,9 +518,29 @@ class RealProject(Bench):
                     print("gxpc make %s (%s): %d compiles on %d hosts (%s)" % (
                         step, case, sum(by_host.values()), len(by_host),
                         ", ".join("%s %d" % kv for kv in sorted(by_host.items()))))
+        self._cpu_lines(cases)
         self._goals(cases)
         for line in self.noticed_lines():
             print(line)
+
+    def _cpu_lines(self, cases: list) -> None:
+        """The machine's CPU seconds of each step (median), and the session's by
+        kind of process (the mean of the runs' sums)."""
+        print()
+        for step in STEPS[1:STEPS.index(self.a.upto) + 1]:
+            cells = []
+            for c in cases:
+                v = self.med("%s %s cpu s" % (c, step))
+                if v is None:
+                    continue
+                prefix, runs = "%s %s session by " % (c, step), len(self.samples["%s %s" % (c, step)])
+                kinds = sorted((k[len(prefix):], sum(v) / runs) for k, v in self.samples.items()
+                               if k.startswith(prefix))
+                shown = ", ".join("%s %.2f" % kv for kv in kinds if kv[1] >= 0.05)
+                cells.append("%s %.2f%s" % (c, v, " (%s)" % shown if shown else ""))
+            if cells:
+                print("CPU seconds of %s (the machine; of it the session's, by process): %s"
+                      % (step, "; ".join(cells)))
 
     def _cell(self, case: str, step: str) -> str:
         v = self.med("%s %s" % (case, step))
@@ -452,6 +567,12 @@ class RealProject(Bench):
             else:
                 print("goal: %s at most %.1fx %s: not measured (%s)" % (
                     step, limit, anchor, self.results.get(("gmount", step), "-")))
+        for case, what in (("nodebindfs", "a C"), ("nodesshfsm", "our Python")):
+            for step in ("configure", "build", "check"):
+                a, v = self.med("local %s" % step), self.med("%s %s" % (case, step))
+                if a and v is not None:
+                    print("ceiling: %s %.2fx local with %s FUSE mount on every node and no namespace (%s)"
+                          % (step, v / a, what, case))
         by_host = self.info.get("gmount build compiles")
         if by_host is not None:
             print("goal: compiles on %d hosts (at least %d: %s)" % (len(by_host), GOAL_HOSTS,
@@ -466,7 +587,7 @@ def main(argv=None) -> int:
     p.add_argument("--mirror", default="http://deb.debian.org/debian",
                    help="the Debian mirror apt-get source uses (default http://deb.debian.org/debian)")
     p.add_argument("--cases", default=",".join(CASES),
-                   help="cases to run, comma-separated, from local,bindfs,shared,gmount (default all)")
+                   help="cases to run, comma-separated, from %s (default all)" % ",".join(CASES))
     p.add_argument("--upto", default="check", choices=STEPS,
                    help="the last step of each case (default check)")
     p.add_argument("--timeout", type=float, default=1200.0,
@@ -479,7 +600,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     a.cases = [c.strip() for c in a.cases.split(",") if c.strip()]
     if not a.cases or set(a.cases) - set(CASES):
-        p.error("--cases takes local, bindfs, shared and gmount, separated by commas")
+        p.error("--cases takes %s, separated by commas" % ", ".join(CASES))
     if a.logs and os.path.exists(a.logs):
         p.error("--logs %s: it exists (give a new directory)" % a.logs)
     if a.tarball and not os.path.isfile(a.tarball):
