@@ -40,6 +40,8 @@ EXPIRE_PROTO_MINOR = 38
 # How long the kernel keeps a miss of a mount where every name that appears
 # is announced and expired (GMount): each one kept saves a call into the mount
 MISS_SECONDS = 10.0
+# Directories whose node ids are kept between calls (see _parent_id)
+DIR_IDS_KEPT = 4096
 
 
 def _expire_entry(lib: Any) -> Any:
@@ -74,6 +76,7 @@ class KernelCache:
         self.mountpoint = mountpoint
         self.session: Optional[int] = None
         self._expire: Any = None
+        self._dir_ids: Dict[str, int] = {}     # directory path -> its node id
         if lib is not None:
             fn = lib.fuse_invalidate_path
             fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
@@ -112,6 +115,11 @@ class KernelCache:
         """Names' entries are expired, not dropped (see _expire_entry)."""
         return self.session is not None and self._expire is not None
 
+    def forget_dirs(self) -> None:
+        """Forget the directories' node ids kept (a directory was removed or
+        renamed through the mount: its path may name another node now)."""
+        self._dir_ids = {}
+
     def invalidate_paths(self, paths: Iterable[str],
                          exists: Optional[Callable[[str], bool]] = None,
                          gone: Optional[Callable[[str], bool]] = None) -> int:
@@ -131,7 +139,7 @@ class KernelCache:
             return 0
         dropped = 0
         seen = set()
-        ids: Dict[str, int] = {"/": FUSE_ROOT_ID}
+        ids: Dict[str, int] = {"/": FUSE_ROOT_ID}     # this call's (misses too)
         for p in paths:
             if p in seen:
                 continue
@@ -165,30 +173,59 @@ class KernelCache:
         keeps its dentry, so a lookup answered meanwhile loses nothing), else
         dropped. A dropped directory's dentry would leave the processes
         working in it without a current directory (getcwd: ENOENT): so only
-        names believed missing or gone come here. `ids`: parents' node ids
-        found so far (each stat'ed through the mount once)."""
+        names believed missing or gone come here. `ids`: this call's
+        parents' node ids (_parent_id)."""
         d, name = os.path.split(path)
         d = d or "/"
-        if d not in ids:
+        raw = name.encode("utf-8", "surrogateescape")
+        if not raw:
+            return
+        kept = d in self._dir_ids
+        parent = self._parent_id(d, ids)
+        if parent and self._drop_name(parent, raw) == -errno.ENOENT and kept:
+            # the kernel forgot that node (libfuse gives a new one to the
+            # path's next lookup): look the directory up again, once
+            self._dir_ids.pop(d, None)
+            ids.pop(d, None)
+            parent = self._parent_id(d, ids)
+            if parent:
+                self._drop_name(parent, raw)
+
+    def _parent_id(self, d: str, ids: Dict[str, int]) -> int:
+        """The node id of directory `d`, 0 if the kernel holds none. Found ids
+        are kept between calls: the stat that finds one is answered by the
+        mount itself once the directory's attributes were dropped (the end of
+        each call drops them), a FUSE call per announcement. libfuse keeps a
+        path's node id while the kernel holds the node and the path is not
+        removed or renamed through the mount (forget_dirs)."""
+        if d in ids:
+            return ids[d]
+        found = self._dir_ids.get(d, 0)
+        if not found and (self.dir_held is None or self.dir_held(d)):
             # a directory this mount never looked into holds no name of it in
             # the kernel (and stat'ing it could ask every peer); the stat of
             # one it did is the kernel's own answer, or one call answered
-            # from the copy (its attributes are not dropped for this)
-            ids[d] = 0
-            if self.dir_held is None or self.dir_held(d):
-                try:
-                    ids[d] = os.lstat(self.mountpoint + d).st_ino
-                except OSError:
-                    pass            # gone: so are the names under it
-        raw = name.encode("utf-8", "surrogateescape")
-        if not (ids[d] and raw):
-            return
+            # from the copy
+            try:
+                found = os.lstat(self.mountpoint + d).st_ino
+            except OSError:
+                pass            # gone: so are the names under it
+            if found:
+                if len(self._dir_ids) >= DIR_IDS_KEPT:
+                    self._dir_ids = {}
+                self._dir_ids[d] = found
+        ids[d] = found
+        return found
+
+    def _drop_name(self, parent: int, raw: bytes) -> int:
+        """Expire (or drop) the kernel's entry of name `raw` in directory node
+        `parent`: 0, or -ENOENT when the kernel holds no such node."""
         if self._expire is not None:
-            rc = self._expire(self.session, ids[d], raw, len(raw), EXPIRE_ONLY)
+            rc = int(self._expire(self.session, parent, raw, len(raw), EXPIRE_ONLY))
             if rc != -errno.ENOSYS:
-                return
+                return rc
             self._expire = None     # libfuse sees a kernel without it
-        self.lib.fuse_lowlevel_notify_inval_entry(self.session, ids[d], raw, len(raw))
+        return int(self.lib.fuse_lowlevel_notify_inval_entry(self.session, parent, raw, len(raw)))
 
     def _drop(self, path: str) -> int:
         # 0, -ENOENT (never seen), or e.g. -ENOSYS on an old kernel (the

@@ -16,7 +16,7 @@ from sshfsmux.fs.merged_handles import View
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, List, Optional, Tuple
+    from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 
 if TYPE_CHECKING:
@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 
 
 class NameChanges:
+    # called when a directory is removed or renamed through this mount: the
+    # node ids a kernel cache keeps of directories' paths may be stale then
+    # (kernel_cache.KernelCache.forget_dirs)
+    dirs_moved: Optional[Callable[[], None]] = None
+
     if TYPE_CHECKING:       # what MergedFS supplies (for type checkers only)
         import threading
         _lock: threading.Lock
@@ -227,6 +232,8 @@ class NameChanges:
         self._dropped(path, [b for b, _ in v.holders], tree=True)
         self._drop_hints(path, tree=True)
         self._access.clear()
+        if self.dirs_moved is not None:
+            self.dirs_moved()
         self._changed(path)
         if first is not None:
             raise first
@@ -289,6 +296,8 @@ class NameChanges:
                 b.rename(old, new)
         finally:
             self._access.clear()    # names below a renamed directory too
+            if self.dirs_moved is not None and (src.is_dir or (dst is not None and dst.is_dir)):
+                self.dirs_moved()
             if dst is not None:
                 self._dropped(new, [b for b, _ in dst.holders], tree=dst.is_dir)
             self._dropped(old, src_branches, tree=src.is_dir)

@@ -370,6 +370,8 @@ class GMountNode(ChangeFeed, NodeSide):
         # FUSE's init callback: the one place the mount's `struct fuse *` is
         # visible, kept for the "changed" call (kernel_cache.py)
         self.kcache = KernelCache.capture(self.cfg.mountpoint, self._dir_held)
+        if self.fs is not None:
+            self.fs.dirs_moved = self.kcache.forget_dirs
         self.up = True
         self.settled.set()
 
@@ -577,11 +579,9 @@ class GMountNode(ChangeFeed, NodeSide):
             extra: Dict[str, Any] = dict(allow_other=True, default_permissions=True) \
                 if self.cfg.allow_other else {}
             if self.fs.namespace is not None:
-                # the kernel keeps misses: each name the head announces loses
-                # its negative entry (kernel_cache.py), a drop that waits for
-                # the directory's lock a lookup holds until answered: no FUSE
-                # call waits on the kernel cache thread, nor for every peer
-                # (at 64 hosts that fan-out held lookups, and drops, minutes)
+                # the kernel keeps misses: each name the head announces loses its
+                # negative entry (kernel_cache.py) off the FUSE threads (a drop
+                # waits for the directory's lock a lookup holds until answered)
                 extra["negative_seconds"] = merged_fs.ATTR_SECONDS
                 self.fs.miss_seconds = kernel_cache.MISS_SECONDS    # where entries expire
             merged_fs.run_fuse(self.fs, self.cfg.mountpoint, foreground=True, **extra)

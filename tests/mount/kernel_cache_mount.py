@@ -20,6 +20,7 @@ def main(branch: str, mountpoint: str) -> None:
 
     def ready() -> None:
         kc = KernelCache.capture(mountpoint)
+        fs.dirs_moved = kc.forget_dirs
         threading.Thread(target=serve, args=(kc,), daemon=True).start()
         print("ready", "expire" if kc.expires else "drop", flush=True)
 

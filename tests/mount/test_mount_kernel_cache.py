@@ -107,6 +107,36 @@ def test_a_name_the_kernel_holds_that_is_gone_everywhere_loses_its_dentry(tmp_pa
     assert lib.entries == [((tmp_path / "w").stat().st_ino, "gone")]
 
 
+def test_a_directorys_node_id_is_kept_until_the_kernel_or_the_mount_moves_it(tmp_path, monkeypatch):
+    """The stat that finds a parent's node id is a call into the mount itself
+    (each call ends by dropping the directory's attributes): the id is kept
+    between calls, found again when the kernel says it holds no such node
+    (-ENOENT) or after forget_dirs (a directory removed or renamed through
+    the mount)."""
+    from sshfsmux.fs import kernel_cache
+    (tmp_path / "w").mkdir()
+    stats = []
+    real_lstat = os.lstat
+
+    def counting_lstat(path):
+        stats.append(path)
+        return real_lstat(path)
+    monkeypatch.setattr(kernel_cache.os, "lstat", counting_lstat)
+    lib = FakeLowLevel({"/w"})
+    kc = KernelCache(lib, 1, mountpoint=str(tmp_path))
+    w = (tmp_path / "w").stat().st_ino
+    for name in ("a", "b"):
+        kc.invalidate_paths(["/w/" + name], exists=lambda p: False)
+    assert (len(stats), lib.entries) == (1, [(w, "a"), (w, "b")])
+    kc.forget_dirs()
+    kc.invalidate_paths(["/w/c"], exists=lambda p: False)
+    assert len(stats) == 2
+    answers = [-errno.ENOENT, 0]                # the kernel forgot the node, then knows the new one
+    lib.fuse_lowlevel_notify_inval_entry = lambda s, parent, name, n: answers.pop(0)
+    kc.invalidate_paths(["/w/d"], exists=lambda p: False)
+    assert (len(stats), answers) == (3, [])
+
+
 # -- a real mount (root, /dev/fuse): what the kernel does with the calls ----
 VENV = os.environ.get("GXP_VENV", "/opt/gxpstyle/venv")
 FUSERMOUNT = shutil.which("fusermount3") or shutil.which("fusermount")
@@ -208,3 +238,23 @@ def test_a_miss_is_kept_until_the_name_is_announced(mount):
     assert os.path.exists(x)                                   # its entry, kept for 1 s
     mount.drop("/x")
     assert not os.path.exists(x), "a name gone everywhere stayed"
+
+
+@needs_fuse
+def test_a_directory_made_again_through_the_mount_has_its_misses_announced(mount):
+    """A directory renamed through the mount keeps its node (and the misses
+    under it); one made at its old path is another node: a name announced
+    there reaches the new directory's miss, not the renamed one's."""
+    d, e = os.path.join(mount.mp, "d"), os.path.join(mount.mp, "e")
+    os.mkdir(d)
+    assert not os.path.exists(os.path.join(d, "x"))
+    mount.drop("/d/x")                                         # the node id of /d is kept
+    os.rename(d, e)
+    assert not os.path.exists(os.path.join(e, "x"))           # a miss under the renamed node
+    os.mkdir(d)
+    x = os.path.join(d, "x")
+    assert not os.path.exists(x)
+    open(os.path.join(mount.branch, "d", "x"), "w").close()   # behind the mount's back
+    assert not os.path.exists(x), "the kernel did not keep the miss"
+    mount.drop("/d/x")
+    assert os.path.exists(x), "the announced name stayed missing in the new directory"
