@@ -77,6 +77,7 @@ class KernelCache:
         self.session: Optional[int] = None
         self._expire: Any = None
         self._dir_ids: Dict[str, int] = {}     # directory path -> its node id
+        self._inval_inode: Any = None
         if lib is not None:
             fn = lib.fuse_invalidate_path
             fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
@@ -89,6 +90,11 @@ class KernelCache:
                 entry.restype = ctypes.c_int
                 self.session = lib.fuse_get_session(fuse)
                 self._expire = _expire_entry(lib)
+                self._inval_inode = getattr(lib, "fuse_lowlevel_notify_inval_inode", None)
+                if self._inval_inode is not None:
+                    self._inval_inode.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64,
+                                                  ctypes.c_int64]
+                    self._inval_inode.restype = ctypes.c_int
 
     @classmethod
     def capture(cls, mountpoint: str = "",
@@ -180,27 +186,23 @@ class KernelCache:
         raw = name.encode("utf-8", "surrogateescape")
         if not raw:
             return
-        kept = d in self._dir_ids
         parent = self._parent_id(d, ids)
-        if parent and self._drop_name(parent, raw) == -errno.ENOENT and kept:
-            # the kernel forgot that node (libfuse gives a new one to the
-            # path's next lookup): look the directory up again, once
-            self._dir_ids.pop(d, None)
-            ids.pop(d, None)
-            parent = self._parent_id(d, ids)
-            if parent:
-                self._drop_name(parent, raw)
+        if parent:
+            self._drop_name(parent, raw)
 
     def _parent_id(self, d: str, ids: Dict[str, int]) -> int:
         """The node id of directory `d`, 0 if the kernel holds none. Found ids
         are kept between calls: the stat that finds one is answered by the
         mount itself once the directory's attributes were dropped (the end of
-        each call drops them), a FUSE call per announcement. libfuse keeps a
-        path's node id while the kernel holds the node and the path is not
-        removed or renamed through the mount (forget_dirs)."""
+        each call drops them), a FUSE call per announcement. libfuse gives a
+        path the node id it had while the kernel holds that node, unless the
+        path is removed or renamed through the mount (forget_dirs); a kept id
+        the kernel no longer holds is found again."""
         if d in ids:
             return ids[d]
         found = self._dir_ids.get(d, 0)
+        if found and not self._holds_node(found):
+            found = 0
         if not found and (self.dir_held is None or self.dir_held(d)):
             # a directory this mount never looked into holds no name of it in
             # the kernel (and stat'ing it could ask every peer); the stat of
@@ -210,12 +212,17 @@ class KernelCache:
                 found = os.lstat(self.mountpoint + d).st_ino
             except OSError:
                 pass            # gone: so are the names under it
-            if found:
+            if found and self._inval_inode is not None:
                 if len(self._dir_ids) >= DIR_IDS_KEPT:
                     self._dir_ids = {}
                 self._dir_ids[d] = found
         ids[d] = found
         return found
+
+    def _holds_node(self, node: int) -> bool:
+        """Whether the kernel holds node id `node`, asked by dropping its
+        attributes (a directory whose names change loses them anyway)."""
+        return int(self._inval_inode(self.session, node, -1, 0)) != -errno.ENOENT
 
     def _drop_name(self, parent: int, raw: bytes) -> int:
         """Expire (or drop) the kernel's entry of name `raw` in directory node
