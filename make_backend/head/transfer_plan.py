@@ -10,9 +10,10 @@ inputs under STAGE_MIN_BYTES (64 KiB) are left to the mount:
   file from its holders to every node that needs it then (requests for one
   file arriving within BATCH_DELAY go together), along the explored tree
   (gxpstyle/bcast/service.py, the engine of `gxpc bcast`);
-- below it, a pull: a transfer to N alone whose sources are the holders in a
-  random order (the first that answers feeds it, the next ones take over if it
-  fails); `fixed` order (by node id) is there to measure what random buys.
+- below it, a pull: a transfer to N alone, started at once, whose sources are
+  the holders in a random order (the first that answers feeds it, the next ones
+  take over if it fails); `fixed` order (by node id) is there to measure what
+  random buys.
 
 The copy is written, verified (SHA-256 per chunk and whole) and renamed into
 the replica store of the mount on N's host (ReplicaAPI.replica_dir), then adopted
@@ -216,7 +217,11 @@ class TransferPlanner:
         def fire() -> None:
             self._armed = False
             self._pump()
-        self.head.call_later(BATCH_DELAY, fire)
+        # only a push gathers the nodes needing its file; a pull goes at once
+        # (it waited BATCH_DELAY for nothing: the check's tests of a real
+        # project, each pulling the program they run, 50 ms each)
+        wait = BATCH_DELAY if any(n.push and not n.running for n in self.queue) else 0.0
+        self.head.call_later(wait, fire)
 
     def _slots(self, need: Need) -> int:
         best = 1

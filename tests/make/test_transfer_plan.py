@@ -14,7 +14,7 @@ from gxpstyle.api.interfaces import STAGE_MIN_BYTES
 from gxpstyle.head.daemon import NodeInfo
 from gxpstyle.replicas.catalog import ReplicaCatalog
 from make_backend.command.make_command import MakeUsage, parse_size
-from make_backend.head.transfer_plan import INF, SMALL_AT_ONCE, TransferPlanner
+from make_backend.head.transfer_plan import BATCH_DELAY, INF, SMALL_AT_ONCE, TransferPlanner
 
 MIB = 1 << 20
 SMALL = 100 << 10     # pulled (under the pull threshold, above STAGE_MIN_BYTES)
@@ -26,6 +26,7 @@ class FakeHead:
         self.tree = {"0.%d" % i: NodeInfo("0.%d" % i, "h%d" % i, "0", "ssh", "host%d" % i)
                      for i in range(1, n + 1)}
         self.timers: list = []
+        self.delays: list = []       # each timer's delay
         self.started: list = []      # (sources, path, targets, on_done, dests)
         self.bcast = SimpleNamespace(start=self._start, join=self._join)
         self.adopted: list = []
@@ -61,6 +62,7 @@ class FakeHead:
 
     def call_later(self, delay, fn):
         self.timers.append(fn)
+        self.delays.append(delay)
         return len(self.timers)
 
     def log(self, text):
@@ -128,6 +130,20 @@ def test_one_push_for_every_node_needing_a_big_file_then_the_recipes_start():
     assert sorted(ran) == [0, 1, 2]
     assert sorted(head.catalog.holders("/mnt/ref")) == ["0.1", "0.2", "0.3", "0.4"]
     assert p.stat()["bytes_pushed"] == 30 * MIB
+
+
+def test_a_pull_goes_at_once_a_push_waits_for_the_nodes_needing_its_file():
+    """Only a push gathers nodes (BATCH_DELAY); a pull waited for nothing."""
+    head = FakeHead()
+    head.catalog.add("/mnt/small", "0.1", SMALL, 1.0)
+    head.catalog.add("/mnt/ref", "0.1", 10 * MIB, 1.0)
+    p = _planner(head, pull_threshold=MIB)
+    p.stage(("c", 0), "0.2", ["/mnt/small"], lambda: None)
+    assert head.delays == [0.0]
+    head.fire()
+    assert [s[1] for s in head.started] == ["/mnt/small"]
+    p.stage(("c", 1), "0.3", ["/mnt/ref"], lambda: None)
+    assert head.delays == [0.0, BATCH_DELAY]
 
 
 def test_a_holder_in_the_targets_site_feeds_it_rather_than_one_across_the_wan():
