@@ -208,13 +208,21 @@ class RecipeChanges:
                 self._on_host(host, [m for m in found if m is not None]) if self.head.is_up(sid)]
 
     def _record(self, m: Mount, nid: str, rels: List[str], files: List[Any]) -> List[str]:
-        """The catalog takes what node `nid`'s export holds of `rels`;
-        returns those the nodes holding their directories must hear."""
+        """The catalog takes what node `nid`'s export holds of `rels` (the
+        recipe's files, its inputs too); returns those whose entry changed,
+        or that the export now holds where its replica store held a copy.
+        What the recipe wrote through the mount comes in the node's change
+        feed as well (_take_copies: every name written, a rewrite within one
+        timestamp tick included); an input it only read is not announced:
+        every node would drop its replicas of it (gmount/replica_trust.py),
+        and each recipe read a pushed input again from its holder."""
         before = {rel: self.catalog.entry(os.path.join(m.mountpoint, rel)) for rel in rels}
-        seen = set()
+        seen, unstored = set(), set()
         for f in file_records.parse(file_records.DescribedFile, files):
             seen.add(f.rel)
-            m.adopted.discard((nid, f.rel))         # the export's own file now
+            if (nid, f.rel) in m.adopted:            # the export's own file now
+                m.adopted.discard((nid, f.rel))
+                unstored.add(f.rel)
             self.catalog.add(os.path.join(m.mountpoint, f.rel), nid, f.size, f.mtime, f.sha256,
                              f.mode)
         for rel in rels:
@@ -223,11 +231,10 @@ class RecipeChanges:
             # the name everywhere: _watch)
             if rel not in seen and (nid, rel) not in m.adopted:
                 self.catalog.remove(os.path.join(m.mountpoint, rel), nid)
-        # every file described: a rewrite may keep size and mtime (one
-        # timestamp tick), and the nodes' replicas of it must go all the same
+        # holders in any order (one added again goes last)
         return [rel for rel in rels
-                if rel in seen or self.catalog.entry(os.path.join(m.mountpoint, rel))
-                != before.get(rel)]
+                if rel in unstored or sorted(self.catalog.entry(os.path.join(m.mountpoint, rel))
+                                             or ()) != sorted(before.get(rel) or ())]
 
     def job_calls(self, node: str, paths: List[str], cwd: Optional[str]) -> Optional[JobCalls]:
         """A recipe on `node` whose files lie in the session's one mount, whose

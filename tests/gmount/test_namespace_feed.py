@@ -286,3 +286,25 @@ def test_a_barrier_on_several_nodes_ends_once_each_has_answered():
     assert ended == []
     answers["s2"](True, "", {})
     assert ended == [1]
+
+
+def test_a_recipes_input_it_did_not_change_is_not_announced():
+    """A recipe's files include its inputs: the holder describes them all, but
+    only those whose catalog entry changed are announced (what it wrote
+    comes in its change feed, every name). An announced input made every
+    node drop its replica of it: a pushed reference was read again from its
+    holder by each recipe."""
+    from types import SimpleNamespace
+
+    from sshfsmux.gmount.recipe_changes import RecipeChanges
+    catalog = ReplicaCatalog()
+    catalog.add("/mnt/w/ref.fa", "0.1", 100, 5.0, None, 0o100644)
+    catalog.add("/mnt/w/ref.fa", "0.2", 100, 5.0, None, 0o100644)      # a pushed copy
+    m = SimpleNamespace(mountpoint="/mnt", adopted={("0.2", "w/ref.fa")})
+    self = SimpleNamespace(catalog=catalog)
+    files = [["w/ref.fa", 100, 5.0, "", 0o100644], ["w/out", 7, 6.0, "", 0o100644]]
+    assert RecipeChanges._record(self, m, "0.1", ["w/ref.fa", "w/out"], files) == ["w/out"]
+    # the export's own file where its store held a copy: the listings name it now
+    files = [["w/ref.fa", 100, 5.0, "", 0o100644]]
+    assert RecipeChanges._record(self, m, "0.2", ["w/ref.fa"], files) == ["w/ref.fa"]
+    assert m.adopted == set()
