@@ -203,6 +203,7 @@ class KernelCache:
         found = self._dir_ids.get(d, 0)
         if found and not self._holds_node(found):
             found = 0
+            self._dir_ids.pop(d, None)      # not asked again if the directory is gone
         if not found and (self.dir_held is None or self.dir_held(d)):
             # a directory this mount never looked into holds no name of it in
             # the kernel (and stat'ing it could ask every peer); the stat of
