@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
-from sshfsmux.gmount.change_report import copies_of, export_state
+from sshfsmux.gmount.change_report import copies_of, export_signature, export_state
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -74,6 +74,12 @@ class ChangesWaiting:
         # first, each newer than the one before in number and time
         self.reported = 0
         self.unsettled: Dict[str, Tuple[int, float]] = {}   # path -> (seq, monotonic)
+        # the export's file as this mount's own change left it, by rel: the
+        # watch's late report of that same change (inotify) is its echo, not
+        # news; reported, it was announced and every node dropped its
+        # replicas of the file (a pushed 48 MiB reference streamed again).
+        # Oldest first; kept UNSETTLED_MAX_AGE seconds, MAX_UNSETTLED at most
+        self.own: Dict[str, Tuple[Tuple[int, ...], float]] = {}
 
 
 class ChangeFeed:
@@ -145,7 +151,29 @@ class ChangeFeed:
         self._arm()
 
     def _on_change(self, path: str) -> None:      # a FUSE thread
+        self._note_own(path)
         self._note_changes(self.changes_waiting.paths, (path,))
+
+    def _note_own(self, path: str) -> None:
+        """Keep the export's state of `path` as this mount's change left it
+        (nothing there: nothing kept), so that the watch's report of that
+        change is known for its echo (_own_echoes)."""
+        rel = path.lstrip("/")
+        sig = export_signature(self.cfg.export, rel)
+        w = self.changes_waiting
+        with w.lock:
+            w.own.pop(rel, None)
+            if sig is not None:
+                w.own[rel] = (sig, time.monotonic())
+            old = time.monotonic() - UNSETTLED_MAX_AGE
+            while w.own and (len(w.own) > MAX_UNSETTLED or next(iter(w.own.values()))[1] < old):
+                del w.own[next(iter(w.own))]
+
+    def _own_echoes(self) -> Dict[str, Tuple[int, ...]]:
+        """rel -> the export's state this mount's own recent change left."""
+        w = self.changes_waiting
+        with w.lock:
+            return {rel: sig for rel, (sig, _when) in w.own.items()}
 
     def _on_export_changes(self, paths: List[str]) -> None:      # the watch's thread
         self._note_changes(self.changes_waiting.local, paths)
@@ -210,6 +238,7 @@ class ChangeFeed:
             w.paths.update(rest)
             w.local.update(rest_own)
         seq = self._numbered(rels)
+        echoes = self._own_echoes() if own else {}
 
         def work() -> None:
             # a name in a directory this mount holds no copy of is answered
@@ -217,7 +246,7 @@ class ChangeFeed:
             # listing nobody asked for kept such a change from the head for
             # good (a recipe's .deps/x.Po renamed into place on a host)
             copies, gone = copies_of(self.fs, rels)
-            here, not_here = export_state(self.cfg.export, own)
+            here, not_here = export_state(self.cfg.export, own, echoes)
             self.in_loop(reply, True, "", {"copies": copies, "gone": gone, "seq": seq,
                                            "here": here, "not_here": not_here})
         # the merged view may ask the holders: not on the node's loop

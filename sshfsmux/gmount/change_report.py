@@ -12,7 +12,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, List, Tuple
+    from typing import Any, Dict, List, Optional, Tuple
 
 
 def holders_of(fs: Any, rel: str) -> List[List[Any]]:
@@ -56,11 +56,28 @@ def copies_of(fs: Any, rels: List[str]) -> Tuple[List[List[Any]], List[str]]:
     return copies, gone
 
 
-def export_state(export: str, rels: List[str]) -> Tuple[List[List[Any]], List[str]]:
+def _signature(st: os.stat_result) -> Tuple[int, ...]:
+    # a write or chmod changes the ctime; a file put in its place, the inode
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+
+
+def export_signature(export: str, rel: str) -> Optional[Tuple[int, ...]]:
+    """The state of the export's `rel` that any change to it alters (None:
+    the export holds nothing of that name)."""
+    try:
+        return _signature(os.lstat(os.path.join(export, rel)))
+    except OSError:
+        return None
+
+
+def export_state(export: str, rels: List[str], echoes: Optional[Dict[str, Tuple[int, ...]]] = None
+                 ) -> Tuple[List[List[Any]], List[str]]:
     """What the export alone holds of `rels`: ([rel, size, mtime, mode] of
     each name it holds, [each it does not]). For names changed in the export
     behind the mount (inotify), a peer's change made there included: the
-    merged view may not have heard of it yet, the export itself has."""
+    merged view may not have heard of it yet, the export itself has. A name
+    whose state is what `echoes` says this mount's own change left is left
+    out: that change went to the head with the merged view's holders."""
     here: List[List[Any]] = []
     not_here: List[str] = []
     for rel in rels:
@@ -68,6 +85,8 @@ def export_state(export: str, rels: List[str]) -> Tuple[List[List[Any]], List[st
             st = os.lstat(os.path.join(export, rel))
         except OSError:
             not_here.append(rel)
+            continue
+        if echoes and echoes.get(rel) == _signature(st):
             continue
         here.append([rel, st.st_size, st.st_mtime, st.st_mode])
     return here, not_here

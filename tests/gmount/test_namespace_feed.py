@@ -308,3 +308,58 @@ def test_a_recipes_input_it_did_not_change_is_not_announced():
     files = [["w/ref.fa", 100, 5.0, "", 0o100644]]
     assert RecipeChanges._record(self, m, "0.2", ["w/ref.fa"], files) == ["w/ref.fa"]
     assert m.adopted == set()
+
+
+class FeedOfOneExport(ChangeFeed):
+    """A node's change feed over a real export directory, its work done at once."""
+    def __init__(self, export):
+        class Cfg:
+            pass
+        self.cfg = Cfg()
+        self.cfg.export = str(export)
+        self.fs = None
+        self.changes_waiting = ChangesWaiting()
+        self.peer_work = self
+        self.answers = []
+
+    def put(self, work):
+        work()
+
+    def in_loop(self, fn, *args):
+        fn(*args)
+
+    def answer(self):
+        """One answer of the feed to a waiting `changes` call."""
+        self.changes_waiting.reply = lambda ok, err, result: self.answers.append(result)
+        self._flush_changes()
+        return self.answers.pop() if self.answers else None
+
+
+def test_the_export_watchs_late_report_of_the_mounts_own_change_is_not_news(tmp_path):
+    """A file this mount wrote into its export, reported by the export watch
+    only after the mount's own report went, is not told again: told, the
+    head announced it and every node dropped its pushed copy of it (the BWA
+    workflow's reference streamed again by each recipe). A change made in
+    the export behind the mount after it still is."""
+    (tmp_path / "ref.fa").write_bytes(b"A" * 100)
+    feed = FeedOfOneExport(tmp_path)
+    feed._on_change("/ref.fa")                         # written through the mount
+    first = feed.answer()
+    assert first["gone"] == ["ref.fa"] and first["here"] == []   # fs None: the view has none
+    feed._on_export_changes(["/ref.fa"])               # the watch's echo, late
+    assert feed.answer()["here"] == []
+    with open(tmp_path / "ref.fa", "ab") as f:         # behind the mount's back
+        f.write(b"C")
+    feed._on_export_changes(["/ref.fa"])
+    (rel, size, _mtime, mode), = feed.answer()["here"]
+    assert (rel, size, stat.S_ISREG(mode)) == ("ref.fa", 101, True)
+    # a chmod behind the back (same size and mtime) is news too
+    feed._on_change("/ref.fa")
+    feed.answer()
+    (tmp_path / "ref.fa").chmod(0o600)
+    feed._on_export_changes(["/ref.fa"])
+    assert [h[0] for h in feed.answer()["here"]] == ["ref.fa"]
+    # kept a bounded time only
+    feed.changes_waiting.own["ref.fa"] = ((0,), time.monotonic() - UNSETTLED_MAX_AGE - 1)
+    feed._on_change("/other")
+    assert "ref.fa" not in feed.changes_waiting.own
