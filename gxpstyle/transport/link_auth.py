@@ -42,6 +42,44 @@ class AuthError(Exception):
     pass
 
 
+# One TLS context a process for each side: making one costs more than the
+# handshake (the server's loads and parses its key: 0.7 ms against 0.5 ms),
+# and a GMount node connects to each holder it reads from. A context is safe
+# to share between threads; the server's is made anew if its files change.
+_contexts = {}  # type: dict
+_contexts_lock = threading.Lock()
+
+
+def _client_context():
+    with _contexts_lock:
+        ctx = _contexts.get("client")
+        if ctx is None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE   # we pin the exact certificate instead
+            _contexts["client"] = ctx
+        return ctx
+
+
+def _server_context(certfile, keyfile):
+    files = []
+    for path in (certfile, keyfile):
+        st = os.stat(path)
+        files.append((path, st.st_ino, st.st_size, st.st_mtime_ns))
+    key = ("server", tuple(files))
+    with _contexts_lock:
+        ctx = _contexts.get(key)
+        if ctx is None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+            ctx.load_cert_chain(certfile, keyfile)
+            for old in [k for k in _contexts if k[0] == "server"]:
+                del _contexts[old]
+            _contexts[key] = ctx
+        return ctx
+
+
 def _recv_exact(sock, n, deadline):
     buf = b""
     while len(buf) < n:
@@ -78,10 +116,7 @@ def client_handshake(sock, label, key, pin, timeout=HANDSHAKE_SECONDS):
     proof = _recv_exact(sock, 32, deadline)
     if not hmac.compare_digest(proof, _mac(key, b"s1", lab, nc, ns)):
         raise AuthError("server failed to prove the key")
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE   # we pin the exact certificate instead
+    ctx = _client_context()
     sock.settimeout(max(0.1, deadline - time.monotonic()))
     tls = ctx.wrap_socket(sock, server_hostname=None)
     der = tls.getpeercert(binary_form=True)
@@ -115,9 +150,11 @@ def server_handshake(sock, lookup_key, certfile, keyfile, pin, timeout=HANDSHAKE
     if not hmac.compare_digest(proof, _mac(key, b"c1", lab, nc, ns)):
         raise AuthError("client failed to prove the key")
     sock.sendall(_mac(key, b"s1", lab, nc, ns))
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(certfile, keyfile)
+    try:
+        ctx = _server_context(certfile, keyfile)
+    except (ssl.SSLError, OSError) as e:
+        raise AuthError("cannot load the session certificate: %s" % (getattr(e, "reason", None)
+                                                                     or e.strerror or e))
     sock.settimeout(max(0.1, deadline - time.monotonic()))
     try:
         tls = ctx.wrap_socket(sock, server_side=True)

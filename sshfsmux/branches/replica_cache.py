@@ -354,7 +354,11 @@ class ReplicaCache:
     def invalidate(self, key: str) -> None:
         h = key_hash(key)
         with self._lock:
-            self._generation[h] = self._generation.get(h, 0) + 1
+            # only a download under way needs to know (begin takes the
+            # generation): counting every name a mount ever heard changed
+            # grew with the namespace
+            if any(p[0] == h for p in self._pending.values()):
+                self._generation[h] = self._generation.get(h, 0) + 1
             self._drop(h)
 
     def invalidate_prefix(self, prefix: str) -> None:

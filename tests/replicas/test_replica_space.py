@@ -121,3 +121,26 @@ def test_a_bad_cache_size_is_one_line_in_the_users_words(text, words):
     with pytest.raises(mount_cli.UsageError) as e2:
         mount_cli.mount_options(["cache_size=" + text])
     assert str(e2.value) == "mount: cache_size must be " + words
+
+
+def test_a_change_while_a_copy_streams_in_drops_it_and_others_cost_no_memory(tmp_path):
+    """A file announced changed while its replica streams in is not kept
+    (the bytes may be of either version); the announcements of names with
+    no download under way leave nothing behind in the store (every name a
+    mount heard changed was counted, growing with the namespace)."""
+    c = ReplicaCache(str(tmp_path), limit=3 * MIB)
+    d = c.begin("a", 3, 1, 1, 1)
+    os.write(d.fd, b"abc")
+    os.close(d.fd)
+    c.invalidate("a")
+    assert d.commit() is None and c.current("a") is None
+    e = c.begin("a", 3, 2, 2, 2)        # fetched again after the change: kept
+    os.write(e.fd, b"xyz")
+    os.close(e.fd)
+    assert e.commit() is not None and c.current("a") is not None
+    for i in range(1000):
+        c.invalidate("name-%d" % i)
+    assert len(c._generation) <= 1
+    c.invalidate("a")
+    assert c.current("a") is None and os.listdir(c.dir) == []
+    c.close()

@@ -277,3 +277,33 @@ def test_refusal_log_is_bounded_and_counts_everything():
     assert lines[-1] == "refused 3 more connections in 10s (not logged one by one)"
     log.flush()
     assert len(lines) == 8
+
+
+def test_a_new_certificate_in_the_same_files_is_served(tmp_path):
+    """The server's TLS context is made once and kept (loading the key cost
+    more than the handshake), yet a session certificate written anew over
+    the same files is the one served: a client pinning it gets a link, one
+    pinning the old one none."""
+    from gxpstyle.head import session as gxsession
+    certfile, keyfile = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    pins = []
+    for _ in range(2):
+        cert, key, pin = gxsession.make_certificate()
+        with open(certfile, "w") as f:
+            f.write(cert)
+        with open(keyfile, "w") as f:
+            f.write(key)
+        pins.append(pin)
+        s = Server((certfile, keyfile, pin))
+        try:
+            for _ in range(2):      # the second handshake reuses the context
+                tls = link_auth.client_handshake(connect(s.port), "0.1", KEY, pin)
+                tls.sendall(b"x")
+                assert tls.recv(1) == b"x"
+                tls.close()
+            if len(pins) == 2:
+                with pytest.raises(link_auth.AuthError, match="pin"):
+                    link_auth.client_handshake(connect(s.port), "0.1", KEY, pins[0])
+        finally:
+            s.close()
+    assert sum(1 for k in link_auth._contexts if k[0] == "server") == 1
