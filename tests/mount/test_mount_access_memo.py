@@ -15,20 +15,15 @@ import tempfile
 import time
 
 import pytest
+from mount_table import FUSERMOUNT, in_mount_table
 
 VENV = os.environ.get("GXP_VENV", "/opt/gxpstyle/venv")
 SSHFSM = os.path.join(VENV, "bin", "sshfsm")
-FUSERMOUNT = shutil.which("fusermount3") or shutil.which("fusermount")
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not os.path.exists(SSHFSM) or not FUSERMOUNT
     or not os.path.exists("/dev/fuse") or os.getuid() != 0,
     reason="needs Linux, /dev/fuse, fusermount3, root and the installed sshfsm")
-
-
-def _mounted(mp):
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == mp for line in f)
 
 
 @pytest.fixture
@@ -42,10 +37,10 @@ def merged():
     try:
         yield a, b, mp
     finally:
-        if _mounted(mp):
+        if in_mount_table(mp):
             subprocess.run([FUSERMOUNT, "-u", mp], timeout=60)
         deadline = time.monotonic() + 10
-        while _mounted(mp) and time.monotonic() < deadline:
+        while in_mount_table(mp) and time.monotonic() < deadline:
             time.sleep(0.1)
         shutil.rmtree(top, ignore_errors=True)
 

@@ -9,6 +9,7 @@ import sys
 import tempfile
 
 import pytest
+from mount_table import FUSERMOUNT, in_mount_table
 
 from sshfsmux.fs.kernel_cache import KernelCache
 
@@ -139,16 +140,10 @@ def test_a_directorys_node_id_is_kept_until_the_kernel_or_the_mount_moves_it(tmp
 
 # -- a real mount (root, /dev/fuse): what the kernel does with the calls ----
 VENV = os.environ.get("GXP_VENV", "/opt/gxpstyle/venv")
-FUSERMOUNT = shutil.which("fusermount3") or shutil.which("fusermount")
 HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_cache_mount.py")
 needs_fuse = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not FUSERMOUNT or not os.path.exists("/dev/fuse")
     or os.getuid() != 0, reason="needs Linux, /dev/fuse, fusermount3 and root")
-
-
-def _mounted(mp):
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == mp for line in f)
 
 
 class Mount:
@@ -176,7 +171,7 @@ class Mount:
         assert self._line(30).strip() == "done"
 
     def close(self):
-        if _mounted(self.mp):
+        if in_mount_table(self.mp):
             subprocess.run([FUSERMOUNT, "-u", self.mp], timeout=60)
         try:
             self.proc.wait(timeout=30)
