@@ -275,38 +275,8 @@ class _Decoder:
             raise DecodeError("truncated value")
         items = []
         value = self.value
-        if depth + 1 > MAX_DEPTH:
-            for _ in range(n):
-                items.append(value(pos, depth + 1))
-                pos = self.pos
-            self.pos = pos
-            return items
-        # strs, ints and floats inline (the common case: a name's holders,
-        # [node, size, mtime, mode]); the same checks and item budget as value()
         for _ in range(n):
-            tag = data[pos] if pos < end else -1
-            if tag == 0x73:  # s
-                self.budget -= 1
-                if self.budget < 0:
-                    raise DecodeError("too many items")
-                if pos + 5 > end:
-                    raise DecodeError("truncated value")
-                k = _unpack_u32(data, pos + 1)[0]
-                pos += 5
-                if pos + k > end:
-                    raise DecodeError("truncated value")
-                items.append(data[pos:pos + k].decode("utf-8", "surrogateescape"))
-                pos += k
-            elif tag == 0x69 or tag == 0x64:  # i, d
-                self.budget -= 1
-                if self.budget < 0:
-                    raise DecodeError("too many items")
-                if pos + 9 > end:
-                    raise DecodeError("truncated value")
-                items.append((_unpack_i64 if tag == 0x69 else _unpack_f64)(data, pos + 1)[0])
-                pos += 9
-            else:
-                items.append(value(pos, depth + 1))
-                pos = self.pos
+            items.append(value(pos, depth + 1))
+            pos = self.pos
         self.pos = pos
         return items
