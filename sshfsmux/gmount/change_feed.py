@@ -169,11 +169,12 @@ class ChangeFeed:
             while w.own and (len(w.own) > MAX_UNSETTLED or next(iter(w.own.values()))[1] < old):
                 del w.own[next(iter(w.own))]
 
-    def _own_echoes(self) -> Dict[str, Tuple[int, ...]]:
-        """rel -> the export's state this mount's own recent change left."""
+    def _own_echoes(self, rels: List[str]) -> Dict[str, Tuple[int, ...]]:
+        """rel -> the export's state this mount's own recent change left, of
+        those of `rels` it changed."""
         w = self.changes_waiting
         with w.lock:
-            return {rel: sig for rel, (sig, _when) in w.own.items()}
+            return {rel: w.own[rel][0] for rel in rels if rel in w.own}
 
     def _on_export_changes(self, paths: List[str]) -> None:      # the watch's thread
         self._note_changes(self.changes_waiting.local, paths)
@@ -238,7 +239,7 @@ class ChangeFeed:
             w.paths.update(rest)
             w.local.update(rest_own)
         seq = self._numbered(rels)
-        echoes = self._own_echoes() if own else {}
+        echoes = self._own_echoes(own)
 
         def work() -> None:
             # a name in a directory this mount holds no copy of is answered
