@@ -409,7 +409,7 @@ class RealProject(Bench):
                 self.add_cpu("%s %s" % (case, step), cpu0)
                 self.cpu_since(session0, "%s %s session" % (case, step))
             self.results[(case, step)] = outcome
-            log("  %s rep %d %-9s %s %.1fs (load %s)" % (case, rep + 1, step, outcome, wall, _load()))
+            log("  %s rep %d %-9s %s %.2fs (load %s)" % (case, rep + 1, step, outcome, wall, _load()))
             if outcome != "ok":
                 self.odd.append("%s %s %s after %.0fs; %sthe end of its output:\n%s"
                                 % (case, step, outcome, wall, self._failures(out_path), self._tail(out_path)))
@@ -552,6 +552,11 @@ class RealProject(Bench):
         outcome = self.results.get((case, step), "-")
         return "failed" if outcome.startswith("failed") else ("not run" if outcome == "not run" else "-")
 
+    def _by_rep(self, case: str, step: str, anchor: str) -> str:
+        """The range of each rep's ratio to the anchor's median, e.g. "1.40-1.62"."""
+        a, vs = self.med("%s %s" % (anchor, step)), self.samples.get("%s %s" % (case, step))
+        return "%.2f-%.2f" % (min(vs) / a, max(vs) / a) if a and vs else "-"
+
     def _goals(self, cases: list) -> None:
         if "gmount" not in cases:
             return
@@ -562,8 +567,9 @@ class RealProject(Bench):
             if step not in STEPS[:STEPS.index(self.a.upto) + 1] or anchor not in cases:
                 continue
             if a and v is not None:
-                print("goal: %s %.2fx %s (at most %.1fx: %s)"
-                      % (step, v / a, anchor, limit, _holds(v / a <= limit)))
+                print("goal: %s %.2fx %s (by rep %s; at most %.1fx: %s)"
+                      % (step, v / a, anchor, self._by_rep("gmount", step, anchor), limit,
+                         _holds(v / a <= limit)))
             else:
                 print("goal: %s at most %.1fx %s: not measured (%s)" % (
                     step, limit, anchor, self.results.get(("gmount", step), "-")))
@@ -571,8 +577,8 @@ class RealProject(Bench):
             for step in ("configure", "build", "check"):
                 a, v = self.med("local %s" % step), self.med("%s %s" % (case, step))
                 if a and v is not None:
-                    print("ceiling: %s %.2fx local with %s FUSE mount on every node and no namespace (%s)"
-                          % (step, v / a, what, case))
+                    print("ceiling: %s %.2fx local (by rep %s) with %s FUSE mount on every node and "
+                          "no namespace (%s)" % (step, v / a, self._by_rep(case, step, "local"), what, case))
         by_host = self.info.get("gmount build compiles")
         if by_host is not None:
             print("goal: compiles on %d hosts (at least %d: %s)" % (len(by_host), GOAL_HOSTS,
