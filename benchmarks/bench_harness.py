@@ -176,6 +176,11 @@ def fuse_at(lines, mp: str) -> bool:
     return any(len(l.split()) > 2 and l.split()[1] == mp and l.split()[2].startswith("fuse") for l in lines)
 
 
+def holds_text(ok: bool) -> str:
+    """A goal's verdict as the reports print it."""
+    return "holds" if ok else "DOES NOT HOLD"
+
+
 def ratio_text(anchor, ours) -> str:
     return "%.2f" % (ours / anchor) if (anchor and ours is not None) else "-"
 

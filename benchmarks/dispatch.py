@@ -63,7 +63,17 @@ import uuid
 
 from bindfs_anchor import BindfsMount
 
-from bench_harness import GXPC, Bench, BenchError, ensure_anchor, log, main_driver, ratio_text, session_cpu
+from bench_harness import (
+    GXPC,
+    Bench,
+    BenchError,
+    ensure_anchor,
+    holds_text,
+    log,
+    main_driver,
+    ratio_text,
+    session_cpu,
+)
 
 # isort: split
 import testbed  # noqa: E402  (bench_harness put tests/ on the path)
@@ -95,10 +105,6 @@ if code != 0:
     sys.exit("%s exited %d" % (" ".join(argv), code))
 print(json.dumps({"wall": wall, "cpu": ru.ru_utime + ru.ru_stime}))
 """
-
-
-def _holds(ok: bool) -> str:
-    return "holds" if ok else "DOES NOT HOLD"
 
 
 class Dispatch(Bench):
@@ -274,7 +280,7 @@ class Dispatch(Bench):
             if rate.get(ours) and rate.get(base):
                 x = rate[ours] / rate[base]
                 out.append("%d recipes, %s: %.2fx (goal at least %.1fx: %s)"
-                           % (n, what, x, goal, _holds(x >= goal)))
+                           % (n, what, x, goal, holds_text(x >= goal)))
         return out
 
     def report(self) -> None:
@@ -300,14 +306,15 @@ class Dispatch(Bench):
                 hosts = self.med("%s %d rate" % (name, n))
                 if hosts is not None:
                     verdicts.append("%d recipes on %d hosts (%s): %.0f/s (goal 500/s: %s)"
-                                    % (n, self.hosts, name.split()[1], hosts, _holds(hosts >= 500)))
+                                    % (n, self.hosts, name.split()[1], hosts, holds_text(hosts >= 500)))
             verdicts += self._namespace_goals(n, anchor)
             ours = self.med("gxpc make %d rate" % n)
             ratio = ours / anchor if ours and anchor else 0.0
             verdicts.append("%d recipes: %.0f/s (goal %.0f/s: %s), %.2fx plain make (goal %.2fx: %s; "
-                            "floor %.2fx: %s)" % (n, ours or 0, GOAL_RATE, _holds((ours or 0) >= GOAL_RATE),
-                                                   ratio, GOAL_RATIO, _holds(ratio >= GOAL_RATIO),
-                                                   FLOOR_RATIO, _holds(ratio >= FLOOR_RATIO)))
+                            "floor %.2fx: %s)"
+                            % (n, ours or 0, GOAL_RATE, holds_text((ours or 0) >= GOAL_RATE),
+                               ratio, GOAL_RATIO, holds_text(ratio >= GOAL_RATIO),
+                               FLOOR_RATIO, holds_text(ratio >= FLOOR_RATIO)))
         print()
         for n in self.counts:
             for name in CASES[1:]:

@@ -50,7 +50,16 @@ import uuid
 
 from bindfs_anchor import BindfsMount
 
-from bench_harness import Bench, BenchError, ensure_anchor, log, main_driver, ratio_text, value_text
+from bench_harness import (
+    Bench,
+    BenchError,
+    ensure_anchor,
+    holds_text,
+    log,
+    main_driver,
+    ratio_text,
+    value_text,
+)
 
 OPS = ("stat miss", "stat miss again", "create", "write", "chmod", "mkdir", "rm")
 GOAL_X_BINDFS, GOAL_FLAT = 2.0, 1.25
@@ -100,10 +109,6 @@ for p in names["d"]:
 os.rmdir(d)
 print(json.dumps(out))
 """
-
-
-def _holds(ok: bool) -> str:
-    return "holds" if ok else "DOES NOT HOLD"
 
 
 def _load() -> str:
@@ -221,11 +226,11 @@ class NamespaceOps(Bench):
             for c in gm:
                 x = v[c] / v["bindfs"] if v["bindfs"] else float("inf")
                 verdicts.append("%s %s: %.2fx bindfs (goal at most %.1fx: %s)"
-                                % (op, c, x, GOAL_X_BINDFS, _holds(x <= GOAL_X_BINDFS)))
+                                % (op, c, x, GOAL_X_BINDFS, holds_text(x <= GOAL_X_BINDFS)))
             if flat:
                 x = v[gm[-1]] / v[gm[0]] if v[gm[0]] else float("inf")
                 verdicts.append("%s: %s/%s %.2fx (flat, goal at most %.2fx: %s)"
-                                % (op, gm[-1], gm[0], x, GOAL_FLAT, _holds(x <= GOAL_FLAT)))
+                                % (op, gm[-1], gm[0], x, GOAL_FLAT, holds_text(x <= GOAL_FLAT)))
         print()
         for line in verdicts:
             print("goal: " + line)

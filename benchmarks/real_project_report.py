@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from bench_harness import ratio_text
+from bench_harness import holds_text, ratio_text
 
 STEPS = ("unpack", "configure", "build", "check")
 CASES = ("local", "bindfs", "shared", "gmount", "nodebindfs", "nodesshfsm")
@@ -17,10 +17,6 @@ GOAL_UNPACK_X_BINDFS, GOAL_X_LOCAL, GOAL_HOSTS = 2.0, 1.5, 4
 # local disk, bindfs, and the same distribution of recipes with no mount
 RATIOS = (("bindfs", "local"), ("shared", "local"), ("gmount", "local"), ("gmount", "bindfs"),
           ("gmount", "shared"))
-
-
-def _holds(ok: bool) -> str:
-    return "holds" if ok else "DOES NOT HOLD"
 
 
 class ProjectReport:
@@ -103,7 +99,7 @@ class ProjectReport:
             if a and v is not None:
                 print("goal: %s %.2fx %s (by rep %s; at most %.1fx: %s)"
                       % (step, v / a, anchor, self._by_rep("gmount", step, anchor), limit,
-                         _holds(v / a <= limit)))
+                         holds_text(v / a <= limit)))
             else:
                 print("goal: %s at most %.1fx %s: not measured (%s)" % (
                     step, limit, anchor, self.results.get(("gmount", step), "-")))
@@ -116,4 +112,4 @@ class ProjectReport:
         by_host = self.info.get("gmount build compiles")
         if by_host is not None:
             print("goal: compiles on %d hosts (at least %d: %s)" % (len(by_host), GOAL_HOSTS,
-                                                                    _holds(len(by_host) >= GOAL_HOSTS)))
+                                                                    holds_text(len(by_host) >= GOAL_HOSTS)))
